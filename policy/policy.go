@@ -1,0 +1,73 @@
+// Package policy holds the contracts between the gateway's request path and its policies, and
+// nothing else. The handler (proxy/handler.go) calls them in this order:
+//
+//	admit  Admitter.Admit       rate limits ─► prompt guard ─► concurrency   (may reject or wait)
+//	plan   Planner.Plan         splits, then the fallback chain
+//	settle Observer.Observe     breakers and adaptive limits learn from the Outcome
+//
+// Policies learn only from Outcomes: they never see the response body or the client's writer.
+package policy
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// Request is what a policy sees of one client request: the parsed body plus its identity.
+type Request struct {
+	*openai.Request
+	ID       string       // x-request-id
+	Route    string       // matched route name
+	Tenant   string       // tenant name ("" when anonymous)
+	Session  string       // X-Session-ID, else the body's user field
+	GrayFlag string       // value of the gray-flag header
+	Header   http.Header  // the client's headers (read-only)
+	Arrival  time.Time    // when the gateway received the request
+}
+
+// Decision is an Admitter's answer.
+type Decision struct {
+	// Reject, when non-nil, is the error the client gets (status, OpenAI error body, Retry-After).
+	Reject *openai.Error
+	// Done, when non-nil, is called once with the request's Outcome (e.g. to release a slot or
+	// reconcile a token charge). It must not block.
+	Done func(Outcome)
+}
+
+// Admitter decides whether a request may proceed. Admit may wait, but never past ctx's deadline.
+type Admitter interface {
+	Admit(ctx context.Context, r *Request) (Decision, error)
+}
+
+// Candidate is one place a request may be served: a cluster and an optional model rewrite.
+type Candidate struct {
+	Cluster string
+	Model   string // "" keeps the request's model
+}
+
+// Planner orders the candidates for a request: the primary first, then fallbacks.
+type Planner interface {
+	Plan(ctx context.Context, r *Request) []Candidate
+}
+
+// Outcome is how a request ended, as the policies learn it.
+type Outcome struct {
+	Status       int           // HTTP status the client got (499 when it went away)
+	ErrorClass   string        // "" on success; see proxy/handler.go for the classes
+	Cluster      string        // the candidate that served (or failed last)
+	Endpoint     string        // the endpoint URL that served (or failed last)
+	Attempts     int           // upstream attempts made
+	Duration     time.Duration // whole request
+	TTFT         time.Duration // 0 if no token reached the client
+	TPOT         time.Duration // mean time per output token after the first, 0 if < 2 tokens
+	InputTokens  int           // usage.prompt_tokens, else the estimate
+	OutputTokens int           // usage.completion_tokens, else the tap's count
+}
+
+// Observer learns from finished requests. Observe must not block.
+type Observer interface {
+	Observe(ctx context.Context, r *Request, o Outcome)
+}

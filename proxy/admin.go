@@ -1,0 +1,89 @@
+package proxy
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/proxy/upstream"
+)
+
+// adminHandler serves the admin listener:
+//
+//	GET /healthz          liveness: 200 while the process serves
+//	GET /readyz           readiness: 200 once listening with a config, 503 while draining
+//	GET /metrics          Prometheus exposition (OTel instruments, GenAI semconv)
+//	GET /admin/config     the effective config as JSON, secrets redacted
+//	GET /admin/endpoints  every cluster's endpoints: health, ejection, in-flight
+//	POST /admin/reload    re-read the config file (same as SIGHUP)
+//
+// /admin/* needs "Authorization: Bearer <token>" (token from admin.token_env) whenever a token
+// is set, and a token must be set when the admin listener is not on loopback.
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !s.ready.Load() || s.draining.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.Handle("GET /metrics", s.tel.Handler())
+	mux.Handle("GET /admin/config", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.Config())
+	}))
+	mux.Handle("GET /admin/endpoints", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		st := s.state.Load()
+		out := map[string][]upstream.EndpointStatus{}
+		for name, cl := range st.clusters {
+			out[name] = cl.Snapshot()
+		}
+		writeJSON(w, http.StatusOK, out)
+	}))
+	mux.Handle("POST /admin/reload", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		if err := s.Reload(); err != nil {
+			openai.WriteError(w, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_config", err.Error()))
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"version": s.Config().Version})
+	}))
+	return mux
+}
+
+// authorized requires the admin bearer token when one is configured.
+func (s *Server) authorized(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := s.Config()
+		token := os.Getenv(c.Admin.TokenEnv)
+		if token == "" && config.IsLoopback(c.Admin.Listen) {
+			next(w, r)
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if token == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
+			openai.WriteError(w, openai.NewError(http.StatusUnauthorized, "authentication_error", "invalid_admin_token",
+				"admin API: missing or wrong bearer token (set via "+c.Admin.TokenEnv+")"))
+			return
+		}
+		next(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,303 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+const minimal = `
+clusters:
+  - name: a
+    endpoints: [{url: "http://127.0.0.1:8000"}]
+routes:
+  - {name: r, cluster: a}
+`
+
+func TestParseAppliesDefaults(t *testing.T) {
+	c, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"listen", c.Listen, DefaultListen},
+		{"admin.listen", c.Admin.Listen, DefaultAdminListen},
+		{"admin.token_env", c.Admin.TokenEnv, DefaultAdminTokenEnv},
+		{"max_body_bytes", int64(c.MaxBodyBytes), int64(DefaultMaxBodyBytes)},
+		{"drain_timeout", c.DrainTimeout.D(), DefaultDrainTimeout},
+		{"timeouts.ttft", c.Timeouts.TTFT.D(), DefaultTTFTTimeout},
+		{"route timeouts inherit", NewSnapshot(c).Routes[0].Timeouts.Idle.D(), DefaultIdleTimeout},
+		{"health path", c.Clusters[0].HealthCheck.Path, DefaultHealthPath},
+		{"outlier failures", c.Clusters[0].Outlier.ConsecutiveFailures, DefaultOutlierConsecutiveFailures},
+		{"endpoint weight", c.Clusters[0].Endpoints[0].Weight, 1},
+		{"route prefix", c.Routes[0].Match.PathPrefix, "/"},
+	}
+	for _, ck := range checks {
+		if !reflect.DeepEqual(ck.got, ck.want) {
+			t.Errorf("%s = %v, want %v", ck.name, ck.got, ck.want)
+		}
+	}
+	if c.Version == "" {
+		t.Error("version not set")
+	}
+}
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	t.Setenv("SLUICE_TEST_EMPTY", "")
+	bad := `
+listen: "nope"
+admin: {listen: "0.0.0.0:9090", token_env: SLUICE_TEST_EMPTY}
+max_body_bytes: 10
+timeouts: {ttft: -1s}
+clusters:
+  - name: a
+    endpoints: [{url: "ftp://x"}, {url: "http://h:1"}, {url: "http://h:1"}]
+    outlier: {base_ejection: 10s, max_ejection: 1s, max_ejection_percent: 150}
+    health_check: {path: health}
+    api_key_env: SLUICE_TEST_EMPTY
+  - name: a
+    endpoints: []
+  - endpoints: [{url: "http://h:2", metrics: "::"}]
+routes:
+  - {name: r1, cluster: x}
+  - {name: r1, cluster: a, match: {path_prefix: v1, model: "[", headers: {"bad name": v}}}
+  - {name: r3}
+`
+	_, err := Parse([]byte(bad))
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("want ValidationError, got %v", err)
+	}
+	want := []string{
+		`listen: "nope" is not host:port`,
+		`admin.listen: "0.0.0.0:9090" is not a loopback address, so a bearer token is required: set SLUICE_TEST_EMPTY`,
+		`max_body_bytes: 10 is too small`,
+		`timeouts.ttft: must not be negative`,
+		`clusters[0].endpoints[0].url: "ftp://x": scheme must be http or https`,
+		`clusters[0].endpoints[2].url: duplicate endpoint "http://h:1"`,
+		`clusters[0].health_check.path: must start with /`,
+		`clusters[0].outlier.max_ejection: 1s is shorter than base_ejection 10s`,
+		`clusters[0].outlier.max_ejection_percent: 150 is not within 0..100`,
+		`clusters[0].api_key_env: environment variable SLUICE_TEST_EMPTY is empty or unset`,
+		`clusters[1].name: duplicate cluster "a"`,
+		`clusters[1].endpoints: at least one endpoint is required`,
+		`clusters[2].name: required`,
+		`clusters[2].endpoints[0].metrics: invalid URL "::"`,
+		`routes[0].cluster: unknown cluster "x"`,
+		`routes[1].name: duplicate route "r1"`,
+		`routes[1].match.path_prefix: must start with /`,
+		`routes[1].match.model: invalid glob "["`,
+		`routes[1].match.headers: invalid header name "bad name"`,
+		`routes[2].cluster: required`,
+	}
+	for _, w := range want {
+		found := false
+		for _, p := range ve.Problems {
+			if strings.HasPrefix(p, w) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			t.Errorf("missing problem %q", w)
+		}
+	}
+	if len(ve.Problems) != len(want) {
+		t.Errorf("got %d problems, want %d:\n%s", len(ve.Problems), len(want), strings.Join(ve.Problems, "\n"))
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"unknown key", "listn: x\n" + minimal, "field listn not found"},
+		{"bad duration", "drain_timeout: soon\n" + minimal, `invalid duration "soon"`},
+		{"bad size", "max_body_bytes: 12XB\n" + minimal, `invalid size`},
+		{"wrong type", "clusters: 5\n", "cannot unmarshal"},
+		{"empty", "", "at least one cluster"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDurationsAndSizes(t *testing.T) {
+	c, err := Parse([]byte("drain_timeout: 2.5\nmax_body_bytes: 2MiB\nmax_event_bytes: 4096\n" + minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DrainTimeout.D() != 2500*time.Millisecond {
+		t.Errorf("drain_timeout = %v", c.DrainTimeout.D())
+	}
+	if c.MaxBodyBytes != 2<<20 || c.MaxEventBytes != 4096 {
+		t.Errorf("sizes = %d %d", c.MaxBodyBytes, c.MaxEventBytes)
+	}
+}
+
+func TestTimeoutsResolveRouteThenClusterThenGlobal(t *testing.T) {
+	c, err := Parse([]byte(`
+timeouts: {ttft: 9s, idle: 9s, total: 9s, connect: 9s}
+clusters:
+  - name: a
+    endpoints: [{url: "http://127.0.0.1:1"}]
+    timeouts: {ttft: 5s}
+routes:
+  - {name: r, cluster: a, timeouts: {idle: 1s}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := NewSnapshot(c).Routes[0].Timeouts
+	want := Timeouts{Connect: Duration(9 * time.Second), TTFT: Duration(5 * time.Second), Idle: Duration(time.Second), Total: Duration(9 * time.Second)}
+	if got != want {
+		t.Fatalf("timeouts = %+v, want %+v", got, want)
+	}
+}
+
+func TestRouteMatching(t *testing.T) {
+	c, err := Parse([]byte(`
+clusters:
+  - {name: a, endpoints: [{url: "http://127.0.0.1:1"}]}
+routes:
+  - {name: gray, cluster: a, match: {path_prefix: /v1/chat/, headers: {x-gray-flag: v2}}}
+  - {name: any-flag, cluster: a, match: {headers: {X-Canary: "*"}}}
+  - {name: llama, cluster: a, match: {path_prefix: /v1/, model: "llama-3*"}}
+  - {name: exact, cluster: a, match: {model: "qwen"}}
+  - {name: embed, cluster: a, match: {path_prefix: /v1/embeddings}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSnapshot(c)
+	tests := []struct {
+		path, model string
+		hdr         http.Header
+		want        string
+	}{
+		{"/v1/chat/completions", "llama-3-8b", http.Header{"X-Gray-Flag": {"v2"}}, "gray"},
+		{"/v1/chat/completions", "llama-3-8b", http.Header{"X-Gray-Flag": {"v3"}}, "llama"},
+		{"/v1/completions", "x", http.Header{"X-Canary": {"yes"}}, "any-flag"},
+		{"/v1/completions", "llama-3.1", nil, "llama"},
+		{"/v1/chat/completions", "qwen", nil, "exact"},
+		{"/v1/chat/completions", "qwen2", nil, ""},
+		{"/v1/embeddings", "e5", nil, "embed"},
+		{"/other", "llama-3", nil, ""},
+	}
+	for _, tt := range tests {
+		got := ""
+		if r := s.Route(tt.path, tt.model, tt.hdr); r != nil {
+			got = r.Name
+		}
+		if got != tt.want {
+			t.Errorf("Route(%s, %s, %v) = %q, want %q", tt.path, tt.model, tt.hdr, got, tt.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { s.Route("/v1/chat/completions", "llama-3-8b", http.Header{}) }); n > 1 {
+		t.Errorf("Route allocates %v times", n)
+	}
+}
+
+func TestFromUpstreams(t *testing.T) {
+	c, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"http://127.0.0.1:8000", "http://127.0.0.1:8001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Clusters) != 1 || len(c.Clusters[0].Endpoints) != 2 || len(c.Routes) != 1 {
+		t.Fatalf("config = %+v", c)
+	}
+	if _, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"localhost:8000"}); err == nil {
+		t.Fatal("a URL without scheme must be rejected")
+	}
+}
+
+func TestSecretsAreRedacted(t *testing.T) {
+	t.Setenv("SLUICE_TEST_KEY", "sk-very-secret")
+	c, err := Parse([]byte(`
+clusters:
+  - {name: a, endpoints: [{url: "http://127.0.0.1:1"}], api_key_env: SLUICE_TEST_KEY}
+routes: [{cluster: a}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Clusters[0].APIKey.Reveal() != "sk-very-secret" {
+		t.Fatal("key not read from env")
+	}
+	for _, s := range []string{c.Clusters[0].APIKey.String(), mustJSON(t, c)} {
+		if strings.Contains(s, "sk-very-secret") {
+			t.Fatalf("secret leaked: %s", s)
+		}
+	}
+}
+
+func TestExampleConfigIsValid(t *testing.T) {
+	matches, _ := filepath.Glob("../../examples/*.yaml")
+	if len(matches) == 0 {
+		t.Fatal("no examples/*.yaml")
+	}
+	for _, m := range matches {
+		if _, err := LoadFile(m); err != nil {
+			t.Errorf("%s: %v", m, err)
+		}
+	}
+}
+
+// TestReadmeDocumentsEveryKey keeps the README's config reference and the structs in step.
+func TestReadmeDocumentsEveryKey(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	collectKeys(reflect.TypeFor[Config](), "", &keys)
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !strings.Contains(string(readme), "`"+k+"`") {
+			t.Errorf("README config reference lacks `%s`", k)
+		}
+	}
+}
+
+func collectKeys(t reflect.Type, prefix string, out *[]string) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
+		if tag == "" || tag == "-" {
+			continue
+		}
+		key := prefix + tag
+		*out = append(*out, key)
+		ft := f.Type
+		if ft.Kind() == reflect.Slice {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct {
+			collectKeys(ft, key+".", out)
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,379 @@
+package config
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Defaults applied by Load. Every one is listed in the README's config reference.
+const (
+	DefaultListen        = "127.0.0.1:8080"
+	DefaultAdminListen   = "127.0.0.1:9090"
+	DefaultAdminTokenEnv = "SLUICE_ADMIN_TOKEN"
+	DefaultMaxBodyBytes  = 16 << 20
+	DefaultMaxEventBytes = 1 << 20
+	DefaultDrainTimeout  = 30 * time.Second
+
+	DefaultConnectTimeout = 2 * time.Second
+	DefaultTTFTTimeout    = 60 * time.Second
+	DefaultIdleTimeout    = 60 * time.Second
+	DefaultTotalTimeout   = 10 * time.Minute
+
+	DefaultHealthPath               = "/health"
+	DefaultHealthInterval           = 5 * time.Second
+	DefaultHealthTimeout            = time.Second
+	DefaultHealthUnhealthyThreshold = 3
+	DefaultHealthHealthyThreshold   = 2
+
+	DefaultOutlierConsecutiveFailures = 5
+	DefaultOutlierBaseEjection        = 30 * time.Second
+	DefaultOutlierMaxEjection         = 300 * time.Second
+	DefaultOutlierMaxEjectionPercent  = 50
+
+	DefaultMaxIdleConnsPerHost = 256
+)
+
+// ValidationError lists every problem found in a config, each prefixed with its path.
+type ValidationError struct {
+	Problems []string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("invalid config (%d problems):\n  %s", len(e.Problems), strings.Join(e.Problems, "\n  "))
+}
+
+// LoadFile reads, decodes, defaults and validates a YAML config file.
+func LoadFile(file string) (*Config, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	c.Source = file
+	return c, nil
+}
+
+// Parse decodes YAML strictly (unknown keys are errors), applies defaults and validates.
+func Parse(data []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("decode yaml: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	c.Version = hex.EncodeToString(sum[:6])
+	if err := c.Finish(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// FromUpstreams builds the one-route, one-cluster config of `sluice serve --upstream URL`.
+func FromUpstreams(listen, admin string, upstreams []string) (*Config, error) {
+	c := &Config{Listen: listen, Admin: Admin{Listen: admin}, Source: "flags"}
+	cl := Cluster{Name: "default"}
+	for _, u := range upstreams {
+		cl.Endpoints = append(cl.Endpoints, Endpoint{URL: u})
+	}
+	c.Clusters = []Cluster{cl}
+	c.Routes = []Route{{Name: "default", Cluster: "default"}}
+	sum := sha256.Sum256([]byte(strings.Join(upstreams, ",")))
+	c.Version = hex.EncodeToString(sum[:6])
+	if err := c.Finish(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Finish resolves environment references, applies defaults and validates. Loaders call it once.
+func (c *Config) Finish() error {
+	c.applyDefaults()
+	return c.Validate()
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Admin.Listen == "" {
+		c.Admin.Listen = DefaultAdminListen
+	}
+	if c.Admin.TokenEnv == "" {
+		c.Admin.TokenEnv = DefaultAdminTokenEnv
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxEventBytes == 0 {
+		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = Duration(DefaultDrainTimeout)
+	}
+	c.Timeouts = c.Timeouts.Or(Timeouts{
+		Connect: Duration(DefaultConnectTimeout), TTFT: Duration(DefaultTTFTTimeout),
+		Idle: Duration(DefaultIdleTimeout), Total: Duration(DefaultTotalTimeout),
+	})
+	for i := range c.Clusters {
+		cl := &c.Clusters[i]
+		for j := range cl.Endpoints {
+			if cl.Endpoints[j].Weight == 0 {
+				cl.Endpoints[j].Weight = 1
+			}
+		}
+		hc := &cl.HealthCheck
+		if hc.Path == "" {
+			hc.Path = DefaultHealthPath
+		}
+		if hc.Interval == 0 {
+			hc.Interval = Duration(DefaultHealthInterval)
+		}
+		if hc.Timeout == 0 {
+			hc.Timeout = Duration(DefaultHealthTimeout)
+		}
+		if hc.UnhealthyThreshold == 0 {
+			hc.UnhealthyThreshold = DefaultHealthUnhealthyThreshold
+		}
+		if hc.HealthyThreshold == 0 {
+			hc.HealthyThreshold = DefaultHealthHealthyThreshold
+		}
+		od := &cl.Outlier
+		if od.ConsecutiveFailures == 0 {
+			od.ConsecutiveFailures = DefaultOutlierConsecutiveFailures
+		}
+		if od.BaseEjection == 0 {
+			od.BaseEjection = Duration(DefaultOutlierBaseEjection)
+		}
+		if od.MaxEjection == 0 {
+			od.MaxEjection = Duration(DefaultOutlierMaxEjection)
+		}
+		if od.MaxEjectionPercent == 0 {
+			od.MaxEjectionPercent = DefaultOutlierMaxEjectionPercent
+		}
+		if cl.MaxIdleConnsPerHost == 0 {
+			cl.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+		}
+		if cl.APIKey == "" && cl.APIKeyEnv != "" {
+			cl.APIKey = Secret(os.Getenv(cl.APIKeyEnv))
+		}
+	}
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		if r.Name == "" {
+			r.Name = fmt.Sprintf("route-%d", i)
+		}
+		if r.Match.PathPrefix == "" {
+			r.Match.PathPrefix = "/"
+		}
+	}
+}
+
+// Validate checks the whole config and returns a *ValidationError listing every problem.
+func (c *Config) Validate() error {
+	var p []string
+	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+
+	if err := checkHostPort(c.Listen); err != nil {
+		add("listen: %v", err)
+	}
+	if err := checkHostPort(c.Admin.Listen); err != nil {
+		add("admin.listen: %v", err)
+	} else if !IsLoopback(c.Admin.Listen) && os.Getenv(c.Admin.TokenEnv) == "" {
+		add("admin.listen: %q is not a loopback address, so a bearer token is required: set %s", c.Admin.Listen, c.Admin.TokenEnv)
+	}
+	if c.TLS.Enabled() {
+		if c.TLS.CertFile == "" {
+			add("tls.cert_file: required when tls.key_file is set")
+		} else if _, err := os.Stat(c.TLS.CertFile); err != nil {
+			add("tls.cert_file: %v", err)
+		}
+		if c.TLS.KeyFile == "" {
+			add("tls.key_file: required when tls.cert_file is set")
+		} else if _, err := os.Stat(c.TLS.KeyFile); err != nil {
+			add("tls.key_file: %v", err)
+		}
+	}
+	if c.MaxBodyBytes < 1024 {
+		add("max_body_bytes: %d is too small (at least 1024)", c.MaxBodyBytes)
+	}
+	if c.MaxEventBytes < 1024 {
+		add("max_event_bytes: %d is too small (at least 1024)", c.MaxEventBytes)
+	}
+	if c.DrainTimeout < 0 {
+		add("drain_timeout: must not be negative")
+	}
+	checkTimeouts(add, "timeouts", c.Timeouts)
+
+	clusters := map[string]bool{}
+	if len(c.Clusters) == 0 {
+		add("clusters: at least one cluster is required")
+	}
+	for i, cl := range c.Clusters {
+		at := fmt.Sprintf("clusters[%d]", i)
+		switch {
+		case cl.Name == "":
+			add("%s.name: required", at)
+		case clusters[cl.Name]:
+			add("%s.name: duplicate cluster %q", at, cl.Name)
+		}
+		clusters[cl.Name] = true
+		if len(cl.Endpoints) == 0 {
+			add("%s.endpoints: at least one endpoint is required", at)
+		}
+		seen := map[string]bool{}
+		for j, ep := range cl.Endpoints {
+			eat := fmt.Sprintf("%s.endpoints[%d]", at, j)
+			if err := checkURL(ep.URL); err != nil {
+				add("%s.url: %v", eat, err)
+			} else if seen[ep.URL] {
+				add("%s.url: duplicate endpoint %q", eat, ep.URL)
+			}
+			seen[ep.URL] = true
+			if ep.Metrics != "" {
+				if err := checkURL(ep.Metrics); err != nil {
+					add("%s.metrics: %v", eat, err)
+				}
+			}
+			if ep.Weight < 0 {
+				add("%s.weight: must not be negative", eat)
+			}
+		}
+		checkTimeouts(add, at+".timeouts", cl.Timeouts)
+		hc := cl.HealthCheck
+		if !strings.HasPrefix(hc.Path, "/") {
+			add("%s.health_check.path: must start with /", at)
+		}
+		if hc.Interval < 0 || hc.Timeout < 0 {
+			add("%s.health_check: interval and timeout must not be negative", at)
+		}
+		if hc.UnhealthyThreshold < 0 || hc.HealthyThreshold < 0 {
+			add("%s.health_check: thresholds must not be negative", at)
+		}
+		od := cl.Outlier
+		if od.ConsecutiveFailures < 0 {
+			add("%s.outlier.consecutive_failures: must not be negative", at)
+		}
+		if od.BaseEjection < 0 || od.MaxEjection < 0 {
+			add("%s.outlier: ejection times must not be negative", at)
+		} else if od.MaxEjection < od.BaseEjection {
+			add("%s.outlier.max_ejection: %s is shorter than base_ejection %s", at, od.MaxEjection.D(), od.BaseEjection.D())
+		}
+		if od.MaxEjectionPercent < 0 || od.MaxEjectionPercent > 100 {
+			add("%s.outlier.max_ejection_percent: %d is not within 0..100", at, od.MaxEjectionPercent)
+		}
+		if cl.TLS.CAFile != "" {
+			if _, err := os.Stat(cl.TLS.CAFile); err != nil {
+				add("%s.tls.ca_file: %v", at, err)
+			}
+		}
+		if cl.APIKeyEnv != "" && cl.APIKey == "" {
+			add("%s.api_key_env: environment variable %s is empty or unset", at, cl.APIKeyEnv)
+		}
+		if cl.MaxIdleConnsPerHost < 0 {
+			add("%s.max_idle_conns_per_host: must not be negative", at)
+		}
+	}
+
+	if len(c.Routes) == 0 {
+		add("routes: at least one route is required")
+	}
+	names := map[string]bool{}
+	for i, r := range c.Routes {
+		at := fmt.Sprintf("routes[%d]", i)
+		if names[r.Name] {
+			add("%s.name: duplicate route %q", at, r.Name)
+		}
+		names[r.Name] = true
+		switch {
+		case r.Cluster == "":
+			add("%s.cluster: required", at)
+		case !clusters[r.Cluster]:
+			add("%s.cluster: unknown cluster %q", at, r.Cluster)
+		}
+		if !strings.HasPrefix(r.Match.PathPrefix, "/") {
+			add("%s.match.path_prefix: must start with /", at)
+		}
+		if r.Match.Model != "" {
+			if _, err := path.Match(r.Match.Model, ""); err != nil {
+				add("%s.match.model: invalid glob %q: %v", at, r.Match.Model, err)
+			}
+		}
+		for h := range r.Match.Headers {
+			if h == "" || strings.ContainsAny(h, " \t:") {
+				add("%s.match.headers: invalid header name %q", at, h)
+			}
+		}
+		checkTimeouts(add, at+".timeouts", r.Timeouts)
+	}
+	if len(p) > 0 {
+		return &ValidationError{Problems: p}
+	}
+	return nil
+}
+
+func checkTimeouts(add func(string, ...any), at string, t Timeouts) {
+	for _, f := range []struct {
+		name string
+		v    Duration
+	}{{"connect", t.Connect}, {"ttft", t.TTFT}, {"idle", t.Idle}, {"total", t.Total}} {
+		if f.v < 0 {
+			add("%s.%s: must not be negative", at, f.name)
+		}
+	}
+}
+
+func checkHostPort(addr string) error {
+	if addr == "" {
+		return errors.New("required")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	}
+	return nil
+}
+
+func checkURL(s string) error {
+	if s == "" {
+		return errors.New("required")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("invalid URL %q: %w", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: scheme must be http or https", s)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q: host is missing", s)
+	}
+	return nil
+}
+
+// IsLoopback reports whether a host:port listens on loopback only.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,264 @@
+// Package config is Sluice's one config model. A YAML file (and, later, xDS) produces a Config;
+// Load applies defaults and Validate reports every problem at once, each with its path
+// (`routes[2].cluster: unknown cluster "x"`). A Config is immutable once loaded: the gateway
+// swaps whole configs atomically and never edits one in place.
+//
+// The config reference in the README is checked against these structs by a test
+// (TestReadmeDocumentsEveryKey), so the two cannot drift.
+package config
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the whole gateway configuration.
+type Config struct {
+	// Listen is the address of the OpenAI-compatible listener (HTTP/1.1 and h2c, or TLS).
+	Listen string `yaml:"listen" json:"listen"`
+	// TLS enables TLS on the listener; the files are re-read when they change.
+	TLS ListenerTLS `yaml:"tls" json:"tls"`
+	// MaxBodyBytes bounds a request body; larger requests get 413.
+	MaxBodyBytes ByteSize `yaml:"max_body_bytes" json:"max_body_bytes"`
+	// MaxEventBytes bounds one SSE event relayed from an upstream.
+	MaxEventBytes ByteSize `yaml:"max_event_bytes" json:"max_event_bytes"`
+	// DrainTimeout is how long in-flight requests may run on after SIGTERM before they are cancelled.
+	DrainTimeout Duration `yaml:"drain_timeout" json:"drain_timeout"`
+	// Timeouts are the defaults for every route; a cluster's and then a route's own override them.
+	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
+	// Admin is the separate admin listener (/healthz, /readyz, /metrics, /admin/...).
+	Admin Admin `yaml:"admin" json:"admin"`
+	// Clusters are the upstream model-server pools.
+	Clusters []Cluster `yaml:"clusters" json:"clusters"`
+	// Routes are matched in order; the first match serves the request.
+	Routes []Route `yaml:"routes" json:"routes"`
+
+	// Source is where the config came from (file path or "flags"); set by the loader.
+	Source string `yaml:"-" json:"source"`
+	// Version is a short hash of the config's content; set by the loader.
+	Version string `yaml:"-" json:"version"`
+}
+
+// ListenerTLS holds the listener's certificate and key files.
+type ListenerTLS struct {
+	CertFile string `yaml:"cert_file" json:"cert_file,omitempty"`
+	KeyFile  string `yaml:"key_file" json:"key_file,omitempty"`
+}
+
+// Enabled reports whether TLS is configured on the listener.
+func (t ListenerTLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
+
+// Admin configures the admin listener.
+type Admin struct {
+	Listen string `yaml:"listen" json:"listen"`
+	// TokenEnv names the environment variable holding the bearer token for /admin/*.
+	// A token is required when Listen is not a loopback address.
+	TokenEnv string `yaml:"token_env" json:"token_env"`
+}
+
+// Timeouts bound one upstream attempt. Zero means "inherit" while loading and "none" once resolved.
+type Timeouts struct {
+	// Connect bounds the TCP (and TLS) connection to an endpoint.
+	Connect Duration `yaml:"connect" json:"connect"`
+	// TTFT bounds the wait for the first byte of the response body (the first SSE event for streams).
+	TTFT Duration `yaml:"ttft" json:"ttft"`
+	// Idle bounds the gap between two SSE events (or two reads of a non-streaming body).
+	Idle Duration `yaml:"idle" json:"idle"`
+	// Total bounds the whole request.
+	Total Duration `yaml:"total" json:"total"`
+}
+
+// Or returns t with every zero field taken from d.
+func (t Timeouts) Or(d Timeouts) Timeouts {
+	if t.Connect == 0 {
+		t.Connect = d.Connect
+	}
+	if t.TTFT == 0 {
+		t.TTFT = d.TTFT
+	}
+	if t.Idle == 0 {
+		t.Idle = d.Idle
+	}
+	if t.Total == 0 {
+		t.Total = d.Total
+	}
+	return t
+}
+
+// Cluster is a pool of endpoints serving the same models.
+type Cluster struct {
+	Name      string     `yaml:"name" json:"name"`
+	Endpoints []Endpoint `yaml:"endpoints" json:"endpoints"`
+	// Timeouts are defaults for routes that send to this cluster.
+	Timeouts    Timeouts    `yaml:"timeouts" json:"timeouts"`
+	HealthCheck HealthCheck `yaml:"health_check" json:"health_check"`
+	Outlier     Outlier     `yaml:"outlier" json:"outlier"`
+	TLS         UpstreamTLS `yaml:"tls" json:"tls"`
+	// APIKey replaces the client's Authorization with "Bearer <key>" towards this cluster.
+	APIKey Secret `yaml:"api_key" json:"api_key,omitempty"`
+	// APIKeyEnv names an environment variable holding APIKey (read at load time).
+	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
+	// MaxIdleConnsPerHost sizes the keep-alive pool to each endpoint.
+	MaxIdleConnsPerHost int `yaml:"max_idle_conns_per_host" json:"max_idle_conns_per_host"`
+}
+
+// Endpoint is one model-server replica.
+type Endpoint struct {
+	// URL is the server's base URL (scheme, host, port, optional path prefix); the request path is appended.
+	URL string `yaml:"url" json:"url"`
+	// Metrics is the server's Prometheus endpoint (used by load-aware picking).
+	Metrics string `yaml:"metrics" json:"metrics,omitempty"`
+	Weight  int    `yaml:"weight" json:"weight"`
+}
+
+// HealthCheck configures active health checking (GET Path every Interval).
+type HealthCheck struct {
+	Path               string   `yaml:"path" json:"path"`
+	Interval           Duration `yaml:"interval" json:"interval"`
+	Timeout            Duration `yaml:"timeout" json:"timeout"`
+	UnhealthyThreshold int      `yaml:"unhealthy_threshold" json:"unhealthy_threshold"`
+	HealthyThreshold   int      `yaml:"healthy_threshold" json:"healthy_threshold"`
+	// Disabled turns active checks off for this cluster.
+	Disabled bool `yaml:"disabled" json:"disabled"`
+}
+
+// Outlier configures passive ejection (Envoy outlier detection semantics).
+type Outlier struct {
+	ConsecutiveFailures int      `yaml:"consecutive_failures" json:"consecutive_failures"`
+	BaseEjection        Duration `yaml:"base_ejection" json:"base_ejection"`
+	MaxEjection         Duration `yaml:"max_ejection" json:"max_ejection"`
+	MaxEjectionPercent  int      `yaml:"max_ejection_percent" json:"max_ejection_percent"`
+	// Disabled turns passive ejection off for this cluster.
+	Disabled bool `yaml:"disabled" json:"disabled"`
+}
+
+// UpstreamTLS configures HTTPS towards a cluster.
+type UpstreamTLS struct {
+	CAFile             string `yaml:"ca_file" json:"ca_file,omitempty"`
+	ServerName         string `yaml:"server_name" json:"server_name,omitempty"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify" json:"insecure_skip_verify,omitempty"`
+}
+
+// Route sends matching requests to a cluster.
+type Route struct {
+	Name  string `yaml:"name" json:"name"`
+	Match Match  `yaml:"match" json:"match"`
+	// Cluster serves the route.
+	Cluster string `yaml:"cluster" json:"cluster"`
+	// Model, when set, rewrites the request's model name before it is sent upstream.
+	Model    string   `yaml:"model" json:"model,omitempty"`
+	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
+}
+
+// Match selects requests. Every given field must match; an empty Match matches everything.
+type Match struct {
+	// PathPrefix matches the start of the URL path (default "/").
+	PathPrefix string `yaml:"path_prefix" json:"path_prefix"`
+	// Model matches the request's model exactly or as a glob ("llama-3*"); empty matches any.
+	Model string `yaml:"model" json:"model,omitempty"`
+	// Headers must all be present with these values ("*" means present with any value).
+	Headers map[string]string `yaml:"headers" json:"headers,omitempty"`
+}
+
+// Duration is a time.Duration written as "1.5s", "200ms" or a number of seconds.
+type Duration time.Duration
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// UnmarshalYAML accepts Go duration strings and plain numbers (seconds).
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: expected a duration like \"1s\" or \"250ms\"", n.Line)
+	}
+	v, err := parseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q (use e.g. \"1s\", \"250ms\")", s)
+	}
+	return v, nil
+}
+
+// MarshalYAML writes the Go duration string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// MarshalText writes the Go duration string (used by JSON).
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// ByteSize is a size written as a number of bytes or with a unit: "512KiB", "16MiB", "1GB".
+type ByteSize int64
+
+// UnmarshalYAML accepts plain numbers and sizes with units.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: expected a size like \"16MiB\"", n.Line)
+	}
+	v, err := ParseByteSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*b = ByteSize(v)
+	return nil
+}
+
+// ParseByteSize parses "123", "64KiB", "16MiB", "1GiB", "10KB", "5MB".
+func ParseByteSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			mult, s = u.mult, strings.TrimSpace(strings.TrimSuffix(s, u.suffix))
+			break
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("invalid size %q (use e.g. \"16MiB\")", s)
+	}
+	return v * mult, nil
+}
+
+// MarshalYAML writes the number of bytes.
+func (b ByteSize) MarshalYAML() (any, error) { return int64(b), nil }
+
+// Secret is a credential: it never appears in logs, /admin/config or reports.
+type Secret string
+
+const redacted = "[redacted]"
+
+// String hides the value.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// MarshalText hides the value.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// MarshalYAML hides the value.
+func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
+
+// Reveal returns the value, for the one place that sends it.
+func (s Secret) Reveal() string { return string(s) }

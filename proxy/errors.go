@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// Error classes: why a request or an attempt failed. They label metrics and Outcomes.
+const (
+	classClientCancel  = "client_cancel"    // the client went away
+	classTTFTTimeout   = "ttft_timeout"     // no first byte within the route's TTFT time-out
+	classIdleTimeout   = "idle_timeout"     // no event within the idle time-out, mid-stream
+	classTimeout       = "timeout"          // the route's total time-out
+	classConnect       = "connect"          // could not connect to (or send to) the endpoint
+	classNoEndpoint    = "no_endpoint"      // no healthy endpoint in the cluster
+	classUpstream5xx   = "upstream_5xx"     // the model server answered 5xx
+	classUpstream429   = "upstream_429"     // the model server answered 429
+	classUpstream4xx   = "upstream_4xx"     // the model server answered another 4xx
+	classStreamCut     = "stream_cut"       // the stream broke after it started
+	classEmptyResponse = "upstream_empty"   // the upstream closed before sending anything
+	classShutdown      = "shutdown"         // the gateway's drain deadline passed
+	classUpstreamError = "upstream_error"   // the upstream's answer could not be relayed
+)
+
+// statusClientClosed is nginx's 499: the client closed the request.
+const statusClientClosed = 499
+
+var (
+	errTTFTTimeout  = errors.New("upstream sent no first byte within the TTFT time-out")
+	errIdleTimeout  = errors.New("upstream sent nothing within the idle time-out")
+	errTotalTimeout = errors.New("request exceeded the route's total time-out")
+	errShutdown     = errors.New("gateway is shutting down")
+	errClientWrite  = errors.New("client went away")
+
+	// errClientGone marks a request whose client went away: nothing is written back.
+	errClientGone = &openai.Error{Status: statusClientClosed, Type: "invalid_request_error", Code: classClientCancel, Message: "client closed the request"}
+)
+
+// classError maps an error class to the status and OpenAI error the client gets. This is the
+// one place where classes become statuses: 499 client gone, 504 upstream time-out, 503 no
+// healthy endpoint or shutting down, 502 otherwise.
+func classError(class string, retryAfter time.Duration) *openai.Error {
+	switch class {
+	case classClientCancel:
+		return errClientGone
+	case classTTFTTimeout:
+		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "upstream sent no first token within the route's TTFT time-out")
+	case classIdleTimeout:
+		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "upstream stalled longer than the route's idle time-out")
+	case classTimeout:
+		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "request exceeded the route's total time-out")
+	case classNoEndpoint:
+		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "no healthy endpoint is available for this route")
+		e.RetryAfter = retryAfter
+		return e
+	case classShutdown:
+		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "the gateway is shutting down; retry on another replica")
+		e.RetryAfter = time.Second
+		return e
+	case classConnect:
+		return openai.NewError(http.StatusBadGateway, "server_error", class, "could not connect to the model server")
+	case classStreamCut:
+		return openai.NewError(http.StatusBadGateway, "server_error", class, "the model server's stream ended before completion")
+	case classEmptyResponse:
+		return openai.NewError(http.StatusBadGateway, "server_error", class, "the model server closed the connection without answering")
+	default:
+		return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, "the model server's answer could not be relayed")
+	}
+}
+
+// causeClass classifies why a context ended.
+func causeClass(ctx context.Context) string {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errTTFTTimeout):
+		return classTTFTTimeout
+	case errors.Is(cause, errIdleTimeout):
+		return classIdleTimeout
+	case errors.Is(cause, errTotalTimeout):
+		return classTimeout
+	case errors.Is(cause, errShutdown):
+		return classShutdown
+	default:
+		return classClientCancel
+	}
+}
+
+// transportClass classifies an error from the upstream transport: the context's cause when it
+// ended, otherwise a connection problem (refused, reset, TLS, dial time-out).
+func transportClass(ctx context.Context) string {
+	if ctx.Err() != nil {
+		return causeClass(ctx)
+	}
+	return classConnect
+}

@@ -1,0 +1,146 @@
+package proxy
+
+import (
+	"encoding/hex"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// exchange is one client request's bookkeeping on its way through the handler.
+type exchange struct {
+	w         http.ResponseWriter
+	r         *http.Request
+	flusher   http.Flusher
+	id        string
+	start     time.Time
+	preq      *policy.Request
+	committed bool // headers went to the client: no more retries, errors go in-band
+	outcome   policy.Outcome
+}
+
+func newExchange(w http.ResponseWriter, r *http.Request) *exchange {
+	ex := &exchange{w: w, r: r, start: time.Now()}
+	ex.flusher, _ = w.(http.Flusher)
+	ex.id = r.Header.Get("X-Request-Id")
+	if ex.id == "" || len(ex.id) > 128 {
+		ex.id = newRequestID()
+	}
+	w.Header().Set("X-Request-Id", ex.id)
+	return ex
+}
+
+// commit writes the response headers: the upstream's (hop-by-hop and length dropped) plus
+// Sluice's own.
+func (ex *exchange) commit(status int, upstream http.Header, res *result) {
+	h := ex.w.Header()
+	copyHeaders(h, upstream)
+	h.Del("Content-Length")
+	h.Set("X-Sluice-Upstream", res.cluster)
+	h.Set("X-Sluice-Attempts", strconv.Itoa(res.attempts))
+	ex.w.WriteHeader(status)
+	ex.committed = true
+}
+
+// writePending sends a complete buffered upstream answer.
+func (ex *exchange) writePending(p *pending, res *result) {
+	ex.commit(p.status, p.header, res)
+	_, _ = ex.w.Write(p.body)
+}
+
+func (ex *exchange) flush() {
+	if ex.flusher != nil {
+		ex.flusher.Flush()
+	}
+}
+
+// result is what an attempt (and then the whole forward loop) ended with.
+type result struct {
+	status    int
+	class     string        // error class, "" on success
+	err       *openai.Error // what the client gets if nothing was committed
+	pending   *pending      // a complete upstream answer not yet written (relayed unless retried)
+	retryable bool          // failed before anything reached the client
+	cluster   string
+	endpoint  string
+	model     string
+	attempts  int
+	tap       openai.Tap
+	wait      time.Duration // time waiting on the network (upstream reads, client writes)
+}
+
+// pending is a buffered upstream answer.
+type pending struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func failure(e *openai.Error) result { return result{err: e, status: e.Status, class: e.Code} }
+
+// hopHeaders are dropped both ways (RFC 9110 §7.6.1), with any named in Connection.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// copyHeaders copies src into dst without hop-by-hop headers.
+func copyHeaders(dst, src http.Header) {
+	var conn []string
+	if c := src["Connection"]; len(c) > 0 {
+		for _, v := range c {
+			for _, f := range strings.Split(v, ",") {
+				if f = strings.TrimSpace(f); f != "" {
+					conn = append(conn, http.CanonicalHeaderKey(f))
+				}
+			}
+		}
+	}
+next:
+	for k, vs := range src {
+		for _, h := range hopHeaders {
+			if k == h {
+				continue next
+			}
+		}
+		for _, h := range conn {
+			if k == h {
+				continue next
+			}
+		}
+		dst[k] = append(dst[k][:0:0], vs...)
+	}
+}
+
+func newRequestID() string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		v := rand.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// sessionOf is the request's session: X-Session-ID, else the body's user field.
+func sessionOf(r *http.Request, req *openai.Request) string {
+	if s := r.Header.Get("X-Session-Id"); s != "" {
+		return s
+	}
+	return req.User
+}
+
+func isAPIPath(p string) bool { return strings.HasPrefix(p, "/v1/") || p == "/v1" }
+
+func modelSuffix(m string) string {
+	if m == "" {
+		return ""
+	}
+	return " for model " + strconv.Quote(m)
+}

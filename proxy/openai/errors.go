@@ -1,0 +1,106 @@
+package openai
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Error is an OpenAI-shaped error with its HTTP status. It is both a Go error and what the
+// client gets: WriteError sends it as a response, SSE as an in-band stream event.
+type Error struct {
+	Status     int           // HTTP status
+	Message    string        // human-readable
+	Type       string        // "invalid_request_error", "rate_limit_error", "server_error", "timeout_error"...
+	Code       string        // e.g. "invalid_json", "request_too_large", "upstream_timeout", "model_not_found"
+	Param      string        // the offending parameter, if any
+	RetryAfter time.Duration // if positive, WriteError sets Retry-After (whole seconds, rounded up)
+}
+
+// Error types used by this package.
+const (
+	typeInvalidRequest = "invalid_request_error"
+
+	codeInvalidJSON  = "invalid_json"
+	codeInvalidType  = "invalid_type"
+	codeInvalidValue = "invalid_value"
+	codeMissingField = "missing_field"
+	codeTooLarge     = "request_too_large"
+)
+
+// NewError returns an Error with the given status, type, code and message.
+func NewError(status int, typ, code, msg string) *Error {
+	return &Error{Status: status, Type: typ, Code: code, Message: msg}
+}
+
+// Error implements error: "<status> <code>: <message>".
+func (e *Error) Error() string {
+	s := strconv.Itoa(e.Status)
+	if e.Code != "" {
+		s += " " + e.Code
+	}
+	return s + ": " + e.Message
+}
+
+// Body returns the JSON body: {"error":{"message":...,"type":...,"param":...,"code":...}},
+// with param and code null when empty, as OpenAI sends them.
+func (e *Error) Body() []byte {
+	return e.appendBody(make([]byte, 0, 64+len(e.Message)+len(e.Type)+len(e.Code)+len(e.Param)))
+}
+
+func (e *Error) appendBody(b []byte) []byte {
+	b = append(b, `{"error":{"message":`...)
+	b = appendQuoted(b, e.Message)
+	b = append(b, `,"type":`...)
+	b = appendQuoted(b, e.Type)
+	b = append(b, `,"param":`...)
+	if e.Param == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendQuoted(b, e.Param)
+	}
+	b = append(b, `,"code":`...)
+	if e.Code == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendQuoted(b, e.Code)
+	}
+	return append(b, "}}"...)
+}
+
+// SSE returns the error as an in-band SSE event, for a stream that has already started:
+//
+//	event: error
+//	data: {"error":{...}}
+//
+// The official clients (openai-go's ssestream, openai-python) turn a data object with an
+// "error" key into a stream error, whatever the event name.
+func (e *Error) SSE() []byte {
+	b := make([]byte, 0, 96+len(e.Message)+len(e.Type)+len(e.Code)+len(e.Param))
+	b = append(b, "event: error\ndata: "...)
+	b = e.appendBody(b)
+	return append(b, "\n\n"...)
+}
+
+// WriteError writes e as the response: its status (500 if unset), Content-Type
+// application/json, Retry-After when e.RetryAfter is positive, and the JSON body.
+func WriteError(w http.ResponseWriter, e *Error) {
+	if e == nil {
+		e = NewError(http.StatusInternalServerError, "server_error", "", "internal error")
+	}
+	status := e.Status
+	if status < 100 || status > 999 {
+		status = http.StatusInternalServerError
+	}
+	body := e.Body()
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	if e.RetryAfter > 0 {
+		secs := (e.RetryAfter + time.Second - 1) / time.Second
+		h.Set("Retry-After", strconv.FormatInt(int64(secs), 10))
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

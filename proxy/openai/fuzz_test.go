@@ -1,0 +1,283 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func FuzzParseRequest(f *testing.F) {
+	seeds := []struct {
+		kind Kind
+		body string
+	}{
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"Hello"}]}`},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"{\"a\":[1]}"},{"type":"image_url","image_url":{"url":"x"}}]}],"stream":true,"stream_options":{"include_usage":true}}`},
+		{KindChat, `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}},"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{\"x\":{\"y\":1}}"}}]},{"role":"tool","content":"[1,[2]]"}]}`},
+		{KindChat, `{"mod\u0065l":"\ud83d\ude00","messages":[{"role":"user","content":"\u005b[]]"}],"max_tokens":1e2,"n":2,"seed":-1,"temperature":0.5,"user":"u","response_format":{"type":"json_schema"}}`},
+		{KindChat, `{"model":"m","messages":[]}`},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"model":"n"}`},
+		{KindChat, `{"model":5}`},
+		{KindChat, `[1]`},
+		{KindChat, `{"model":"m",`},
+		{KindCompletion, `{"model":"m","prompt":"once"}`},
+		{KindCompletion, `{"model":"m","prompt":[[1,2],[3]]}`},
+		{KindCompletion, `{"model":"m","prompt":[1,2,3],"max_tokens":-1}`},
+		{KindEmbedding, `{"model":"m","input":["a","b"]}`},
+		{KindEmbedding, `{"model":"m","input":""}`},
+		{KindModels, ``},
+	}
+	for _, s := range seeds {
+		f.Add(uint8(s.kind), []byte(s.body))
+	}
+	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
+		kind := Kind(k % 5)
+		r, err := ParseRequest(kind, body)
+		if kind != KindChat && kind != KindCompletion && kind != KindEmbedding {
+			if err != nil || r.Kind != kind || !bytes.Equal(r.Body, body) {
+				t.Fatalf("kind %v: %+v %v", kind, r, err)
+			}
+			return
+		}
+		var e *Error
+		if err != nil && !errors.As(err, &e) {
+			t.Fatalf("error %T is not *Error", err)
+		}
+		valid := json.Valid(body)
+		if (e != nil && e.Code == codeInvalidJSON) == valid {
+			t.Fatalf("invalid_json = %v but json.Valid = %v (%v)", e != nil && e.Code == codeInvalidJSON, valid, err)
+		}
+		if err != nil {
+			if e.Status != 400 || e.Message == "" {
+				t.Fatalf("bad error %+v", e)
+			}
+			return
+		}
+		if r.N < 1 || r.MaxTokens < 0 || r.PromptChars < 0 || r.PromptTokens < 0 || r.Depth < 0 || r.Tools < 0 ||
+			(kind == KindChat && r.Messages < 1) || (kind != KindChat && r.Inputs < 1) {
+			t.Fatalf("inconsistent %+v", r)
+		}
+		if r.PromptChars > len(body) {
+			t.Fatalf("%d chars in %d bytes", r.PromptChars, len(body))
+		}
+
+		// encoding/json reads the same top level (its map decoding is case-sensitive and
+		// keeps the last duplicate, like ParseRequest).
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(body, &top); err != nil {
+			t.Fatalf("encoding/json: %v", err)
+		}
+		var model string
+		if json.Unmarshal(top["model"], &model) != nil || (utf8.ValidString(r.Model) && model != r.Model) {
+			t.Fatalf("model %q, encoding/json says %q", r.Model, model)
+		}
+		if raw, ok := top["stream"]; ok {
+			var s *bool
+			_ = json.Unmarshal(raw, &s)
+			if (s != nil && *s) != r.Stream {
+				t.Fatalf("stream %v, encoding/json says %s", r.Stream, raw)
+			}
+		}
+		if kind == KindChat {
+			var msgs []json.RawMessage
+			if err := json.Unmarshal(top["messages"], &msgs); err != nil || len(msgs) != r.Messages {
+				t.Fatalf("%d messages, encoding/json says %d (%v)", r.Messages, len(msgs), err)
+			}
+		}
+
+		// Rewriting the model changes the model and nothing else.
+		nb, err := SetModel(body, "fuzz/model\"é")
+		if err != nil {
+			t.Fatalf("SetModel: %v", err)
+		}
+		r2, err := ParseRequest(kind, nb)
+		if err != nil {
+			t.Fatalf("after SetModel: %v\n%s", err, nb)
+		}
+		if r2.Model != "fuzz/model\"é" {
+			t.Fatalf("model after SetModel = %q", r2.Model)
+		}
+		a, b := *r, *r2
+		a.Body, b.Body, a.Model, b.Model = nil, nil, "", ""
+		if !equalRequest(a, b) {
+			t.Fatalf("SetModel changed more than the model:\n%+v\n%+v", show(a), show(b))
+		}
+	})
+}
+
+func FuzzSSEReader(f *testing.F) {
+	for _, s := range []string{
+		"data: a\n\n",
+		"data: a\r\nevent: x\r\n\r\ndata: [DONE]\r\n\r\n",
+		"data: a\rdata: b\r\r",
+		": ping\n\ndata:x\ndata\n\n\n",
+		"\xef\xbb\xbfdata: x\n\n",
+		"data: truncated",
+		"id: 1\nretry: 5\nevent: error\ndata: {\"error\":{}}\n\n",
+	} {
+		f.Add([]byte(s), uint8(1))
+		f.Add([]byte(s), uint8(7))
+	}
+	// The captured streams, too.
+	files, _ := filepath.Glob(filepath.Join("testdata", "*.sse"))
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, in []byte, chunk uint8) {
+		const max = 1 << 16
+		whole := readEvents(t, bytes.NewReader(in), max)
+		chunked := readEvents(t, &chunkReader{b: in, sizes: []int{int(chunk%13) + 1, int(chunk%5) + 1, 1}}, max)
+		ref := referenceSSE(in)
+
+		for _, got := range [][]ev{whole.events, chunked.events} {
+			// Raws add up to the input.
+			var cat []byte
+			for _, e := range got {
+				cat = append(cat, e.raw...)
+				if len(e.raw) > max {
+					t.Fatalf("event of %d bytes over the bound", len(e.raw))
+				}
+				if strings.ContainsAny(e.data, "\r") || strings.ContainsAny(e.name, "\r\n") {
+					t.Fatalf("line break in data %q or name %q", e.data, e.name)
+				}
+			}
+			if len(in) <= max/2 && !bytes.Equal(cat, in) {
+				t.Fatalf("Raws add up to %q, want %q", cat, in)
+			}
+		}
+		if whole.err != chunked.err {
+			t.Fatalf("whole read ends with %v, chunked with %v", whole.err, chunked.err)
+		}
+		if len(in) > max/2 {
+			return
+		}
+		// Data and names match a straightforward reading of the spec.
+		want := ref.events
+		for _, got := range []readResult{whole, chunked} {
+			evs := got.events
+			if got.err == io.ErrUnexpectedEOF {
+				evs = evs[:len(evs)-1]
+			}
+			var dn []ev
+			for _, e := range evs {
+				if e.raw == "\n" && e.data == null && e.name == null && len(dn) == len(want) {
+					continue // the '\n' of a final "\r\n" split from its '\r'
+				}
+				dn = append(dn, ev{"", e.data, e.name})
+			}
+			if len(dn) != len(want) {
+				t.Fatalf("%d events, reference has %d:\n%q\n%q", len(dn), len(want), dn, want)
+			}
+			for i := range dn {
+				if dn[i] != want[i] {
+					t.Fatalf("event %d = %q, reference %q", i, dn[i], want[i])
+				}
+			}
+			if (got.err == io.ErrUnexpectedEOF) != ref.partial {
+				t.Fatalf("err %v, reference partial = %v", got.err, ref.partial)
+			}
+		}
+	})
+}
+
+type readResult struct {
+	events []ev
+	err    error
+}
+
+func readEvents(t *testing.T, r io.Reader, max int) readResult {
+	t.Helper()
+	evs, err := readAll(NewReader(r, max))
+	if err != io.EOF && err != io.ErrUnexpectedEOF && !errors.Is(err, ErrEventTooLarge) {
+		t.Fatalf("unexpected error %v", err)
+	}
+	return readResult{evs, err}
+}
+
+// chunkReader returns b in reads of the given sizes, cycling.
+type chunkReader struct {
+	b     []byte
+	sizes []int
+	i     int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), c.sizes[c.i%len(c.sizes)], len(c.b))
+	c.i++
+	copy(p, c.b[:n])
+	c.b = c.b[n:]
+	return n, nil
+}
+
+type reference struct {
+	events  []ev // data and name only
+	partial bool
+}
+
+// referenceSSE parses a whole stream the simple way: split into lines, one event per blank
+// line.
+func referenceSSE(in []byte) reference {
+	in = bytes.TrimPrefix(in, []byte("\xef\xbb\xbf"))
+	var (
+		out         reference
+		data        []string
+		name        *string
+		pendingLine bool
+	)
+	for len(in) > 0 {
+		n := bytes.IndexAny(in, "\r\n")
+		if n < 0 {
+			out.partial = true
+			break
+		}
+		line := string(in[:n])
+		if in[n] == '\r' && n+1 < len(in) && in[n+1] == '\n' {
+			n++
+		}
+		in = in[n+1:]
+		if line == "" {
+			e := ev{data: null, name: null}
+			if data != nil {
+				e.data = strings.Join(data, "\n")
+			}
+			if name != nil {
+				e.name = *name
+			}
+			out.events = append(out.events, e)
+			data, name, pendingLine = nil, nil, false
+			continue
+		}
+		pendingLine = true
+		if line[0] == ':' {
+			continue
+		}
+		field, value, found := strings.Cut(line, ":")
+		if found {
+			value = strings.TrimPrefix(value, " ")
+		}
+		switch field {
+		case "data":
+			data = append(data, value)
+		case "event":
+			v := value
+			name = &v
+		}
+	}
+	if pendingLine {
+		out.partial = true
+	}
+	return out
+}

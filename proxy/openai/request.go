@@ -1,0 +1,941 @@
+package openai
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+)
+
+// Request is what the policies need to know about a request body, parsed once.
+type Request struct {
+	Kind           Kind
+	Body           []byte   // the body exactly as received
+	Model          string   // model
+	Stream         bool     // stream
+	IncludeUsage   bool     // stream_options.include_usage
+	MaxTokens      int      // max_tokens, else max_completion_tokens, else 0
+	N              int      // n (default 1)
+	Messages       int      // number of chat messages
+	Inputs         int      // number of prompts (completions) or inputs (embeddings)
+	PromptChars    int      // characters of text the model will see (see ParseRequest)
+	PromptTokens   int      // fast estimate of the prompt's tokens (see ParseRequest)
+	Depth          int      // maximal structural depth of message content (see ParseRequest)
+	Tools          int      // number of tools declared (tools, and the legacy functions)
+	ToolChoice     string   // "", "auto", "none", "required", or the function name
+	User           string   // user
+	Temperature    *float64 // temperature, nil if absent or null
+	Seed           *int64   // seed, nil if absent or null
+	ResponseFormat string   // response_format.type: "", "text", "json_object", "json_schema"
+}
+
+// ReadBody reads a request body of at most limit bytes (limit <= 0: no limit). It reads at
+// most limit+1 bytes; a longer body is a 413 *Error with code "request_too_large". A
+// *http.MaxBytesError from r (http.MaxBytesReader) is mapped the same way. Other read errors
+// are returned as they are.
+func ReadBody(r io.Reader, limit int64) ([]byte, error) {
+	if limit <= 0 {
+		b, err := io.ReadAll(r)
+		if err != nil {
+			return nil, mapReadErr(err)
+		}
+		return b, nil
+	}
+	n := limit
+	if n < math.MaxInt64 {
+		n++
+	}
+	b, err := io.ReadAll(io.LimitReader(r, n))
+	if err != nil {
+		return nil, mapReadErr(err)
+	}
+	if int64(len(b)) > limit {
+		return nil, tooLarge(limit)
+	}
+	return b, nil
+}
+
+func mapReadErr(err error) error {
+	var mb *http.MaxBytesError
+	if errors.As(err, &mb) {
+		return tooLarge(mb.Limit)
+	}
+	return err
+}
+
+func tooLarge(limit int64) *Error {
+	return NewError(http.StatusRequestEntityTooLarge, typeInvalidRequest, codeTooLarge,
+		fmt.Sprintf("Request body too large: the limit is %d bytes.", limit))
+}
+
+// ParseRequest parses the body of a chat, completion or embedding request in one pass over
+// the bytes, without copying them and without building a tree. For KindModels and
+// KindOther it parses nothing and returns a Request with Kind, Body and N = 1.
+//
+// Errors are *Error with status 400 and type "invalid_request_error":
+//
+//   - "invalid_json": the body is not valid JSON (the message gives the byte offset).
+//     Malformed JSON wins over every other error, so this is exactly !json.Valid(body).
+//   - "invalid_type": the body is not an object, or a field has the wrong JSON type; the
+//     message names the field and the expected type, Param is the field
+//     ("messages[2].content").
+//   - "missing_field": model; messages (chat); prompt (completions); input (embeddings);
+//     messages[i].role. A null counts as missing.
+//   - "invalid_value": empty model, empty messages, empty prompt or input array, empty
+//     embedding input string, negative max_tokens or max_completion_tokens, n < 1, an
+//     integer out of range, a tool_choice string other than auto/none/required.
+//
+// Only the first error is reported. Keys match exactly (JSON keys are case-sensitive, and
+// \u escapes in keys are decoded) and, for a key given twice, the last one wins, as the
+// model servers' JSON decoders do, so that the gateway and the model server read the same
+// request. Unknown fields are validated and skipped.
+//
+// PromptChars counts the characters of: message content text (string content, and the
+// "text" and "refusal" of content parts, but not images, audio or files), tool-call
+// names and arguments, prompts and embedding inputs given as text, and the JSON of the
+// tool declarations (which chat templates render into the prompt).
+//
+// PromptTokens estimates the prompt's tokens from the same text with the weights of
+// EstimateTextTokens, plus the exact count of prompts and inputs given as token IDs, plus
+// 4 tokens a chat message and 3 for the reply's priming (chat-template overhead).
+//
+// Depth is the maximal structural depth of message content, where 1 means flat:
+//
+//   - a string, number, boolean or null is depth 1; an array or object is one more than its
+//     deepest element (an empty one is 1);
+//   - a string whose whole text (ignoring surrounding white space) is a JSON array or
+//     object counts as that value, recursively: "hello" is 1, "{\"a\":1}" is 2,
+//     "[[1]]" is 3, and JSON text nested in JSON text keeps counting;
+//   - the standard envelopes do not count: the content-parts array, each part object, and
+//     the part's payload object named by its type ({"type":"image_url","image_url":{...}}),
+//     so text content is 1 whether it is a string or parts; other fields of a part count
+//     as values;
+//   - tool-call arguments (tool_calls[].function.arguments, and the legacy function_call)
+//     are parsed as JSON when they are JSON; their top-level object is an envelope too, so
+//     {"city":"Paris"} is 1 and {"q":{"a":1}} is 2; arguments that are not JSON are text (1);
+//   - tool results are message content (role "tool"), measured as above.
+//
+// Depth is the maximum over all messages (0 if none has content). For completions and
+// embeddings, prompts and inputs given as text count the same way (token-ID arrays are 1).
+func ParseRequest(kind Kind, body []byte) (*Request, error) {
+	req := &Request{Kind: kind, Body: body, N: 1}
+	switch kind {
+	case KindChat, KindCompletion, KindEmbedding:
+	default:
+		return req, nil
+	}
+	p := parser{cur: cur{b: body}, req: req}
+	p.parse()
+	if p.msg != "" {
+		return nil, syntaxError(body, p.off, p.msg)
+	}
+	if p.err != nil {
+		return nil, p.err
+	}
+	return req, nil
+}
+
+func syntaxError(b []byte, off int, msg string) *Error {
+	var s string
+	if off < len(b) && msg != errEOF {
+		s = fmt.Sprintf("Invalid JSON body at byte offset %d: %s (found %q).", off, msg, b[off])
+	} else {
+		s = fmt.Sprintf("Invalid JSON body at byte offset %d: %s.", off, msg)
+	}
+	return NewError(http.StatusBadRequest, typeInvalidRequest, codeInvalidJSON, s)
+}
+
+// loc names a field for error messages: name[i].field[j].sub, parts left out when empty or
+// negative. It is built into a string only when an error is reported.
+type loc struct {
+	name  string
+	i     int
+	field string
+	j     int
+	sub   string
+}
+
+func at(name string) loc { return loc{name: name, i: -1, j: -1} }
+
+func (l loc) String() string {
+	s := l.name
+	if l.i >= 0 {
+		s += "[" + strconv.Itoa(l.i) + "]"
+	}
+	if l.field != "" {
+		s += "." + l.field
+	}
+	if l.j >= 0 {
+		s += "[" + strconv.Itoa(l.j) + "]"
+	}
+	if l.sub != "" {
+		s += "." + l.sub
+	}
+	return s
+}
+
+type parser struct {
+	cur
+	req     *Request
+	err     *Error // first semantic error
+	stats   textStats
+	tokenID int    // prompt tokens given as token IDs
+	scratch []byte // decoded JSON text embedded in strings
+
+	haveModel, haveMessages, havePrompt bool
+	maxTokens, maxCompletion            int64
+	haveMax, haveMaxCompletion          bool
+}
+
+func (p *parser) semantic(code string, l loc, msg string) {
+	if p.err == nil {
+		p.err = NewError(http.StatusBadRequest, typeInvalidRequest, code, msg)
+		p.err.Param = l.String()
+	}
+}
+
+// typeErr records a wrong type at the cursor and skips the value.
+func (p *parser) typeErr(l loc, want string) {
+	if p.err == nil {
+		got := typeName(p.peek())
+		p.semantic(codeInvalidType, l, fmt.Sprintf("Invalid type for '%s': expected %s, but got %s instead.", l, want, got))
+	}
+	p.skip(nil)
+}
+
+func (p *parser) valueErr(l loc, why string) {
+	if p.err == nil {
+		p.semantic(codeInvalidValue, l, fmt.Sprintf("Invalid value for '%s': %s.", l, why))
+	}
+}
+
+func (p *parser) depth(d int) { p.req.Depth = max(p.req.Depth, d) }
+
+func (p *parser) parse() {
+	req := p.req
+	if p.peek() != '{' {
+		// Report malformed JSON as such before saying it is not an object.
+		if p.i >= len(p.b) {
+			p.fail(p.i, errEOF)
+			return
+		}
+		got := typeName(p.b[p.i])
+		p.skip(nil)
+		if p.ok() {
+			if p.peek(); p.i < len(p.b) {
+				p.fail(p.i, errTrailing)
+				return
+			}
+			p.semantic(codeInvalidType, at(""), "Invalid type for the request body: expected an object, but got "+got+" instead.")
+		}
+		return
+	}
+	p.i++
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			break
+		}
+		var kb [32]byte
+		switch string(keyText(key, esc, kb[:])) {
+		case "model":
+			if raw, esc, ok := p.optString(at("model"), "a string"); ok {
+				p.haveModel = true
+				req.Model = string(decoded(raw, esc))
+			} else {
+				p.haveModel, req.Model = false, ""
+			}
+		case "stream":
+			req.Stream, _ = p.optBool(at("stream"))
+		case "stream_options":
+			p.streamOptions()
+		case "max_tokens":
+			p.maxTokens, p.haveMax = p.optCount(at("max_tokens"), 0)
+		case "max_completion_tokens":
+			p.maxCompletion, p.haveMaxCompletion = p.optCount(at("max_completion_tokens"), 0)
+		case "n":
+			if n, ok := p.optCount(at("n"), 1); ok {
+				req.N = int(n)
+			} else {
+				req.N = 1
+			}
+		case "user":
+			if raw, esc, ok := p.optString(at("user"), "a string"); ok {
+				req.User = string(decoded(raw, esc))
+			} else {
+				req.User = ""
+			}
+		case "temperature":
+			req.Temperature = p.optFloat(at("temperature"))
+		case "seed":
+			req.Seed = nil
+			if v, ok := p.optInt(at("seed")); ok {
+				req.Seed = &v
+			}
+		case "response_format":
+			p.responseFormat()
+		case "tools":
+			p.tools("tools")
+		case "functions":
+			p.tools("functions")
+		case "tool_choice":
+			p.toolChoice()
+		case "messages":
+			if req.Kind == KindChat {
+				p.messages()
+			} else {
+				p.skip(nil)
+			}
+		case "prompt":
+			if req.Kind == KindCompletion {
+				p.prompts("prompt", false)
+			} else {
+				p.skip(nil)
+			}
+		case "input":
+			if req.Kind == KindEmbedding {
+				p.prompts("input", true)
+			} else {
+				p.skip(nil)
+			}
+		default:
+			p.skip(nil)
+		}
+	}
+	if !p.ok() {
+		return
+	}
+	if p.peek(); p.i < len(p.b) {
+		p.fail(p.i, errTrailing)
+		return
+	}
+	// Required fields and cross-field values.
+	if !p.haveModel {
+		p.semantic(codeMissingField, at("model"), "Missing required parameter: 'model'.")
+	} else if req.Model == "" {
+		p.valueErr(at("model"), "must not be empty")
+	}
+	switch req.Kind {
+	case KindChat:
+		if !p.haveMessages {
+			p.semantic(codeMissingField, at("messages"), "Missing required parameter: 'messages'.")
+		} else if req.Messages == 0 {
+			p.valueErr(at("messages"), "must contain at least one message")
+		}
+	case KindCompletion:
+		if !p.havePrompt {
+			p.semantic(codeMissingField, at("prompt"), "Missing required parameter: 'prompt'.")
+		}
+	case KindEmbedding:
+		if !p.havePrompt {
+			p.semantic(codeMissingField, at("input"), "Missing required parameter: 'input'.")
+		}
+	}
+	switch {
+	case p.haveMax:
+		req.MaxTokens = int(p.maxTokens)
+	case p.haveMaxCompletion:
+		req.MaxTokens = int(p.maxCompletion)
+	}
+	req.PromptChars = p.stats.chars
+	req.PromptTokens = p.stats.tokens() + p.tokenID
+	if req.Kind == KindChat && req.Messages > 0 {
+		req.PromptTokens += 4*req.Messages + 3
+	}
+}
+
+// optString reads a string or null. present is false for null (and for a wrong type,
+// which is recorded).
+func (p *parser) optString(l loc, want string) (raw []byte, esc bool, present bool) {
+	switch p.peek() {
+	case '"':
+		return p.str()
+	case 'n':
+		p.skip(nil)
+		return nil, false, false
+	}
+	p.typeErr(l, want+" or null")
+	return nil, false, false
+}
+
+func (p *parser) optBool(l loc) (v, present bool) {
+	switch p.peek() {
+	case 't', 'f':
+		v = p.b[p.i] == 't'
+		p.skip(nil)
+		return v, p.ok()
+	case 'n':
+		p.skip(nil)
+		return false, false
+	}
+	p.typeErr(l, "a boolean or null")
+	return false, false
+}
+
+// optInt reads an integer or null. A number with a fraction or exponent is accepted when
+// its value is integral (as Python's JSON decoders do for 2.0 with lax int fields).
+func (p *parser) optInt(l loc) (int64, bool) {
+	c := p.peek()
+	if c == 'n' {
+		p.skip(nil)
+		return 0, false
+	}
+	if c != '-' && (c < '0' || c > '9') {
+		p.typeErr(l, "an integer or null")
+		return 0, false
+	}
+	s, ok := p.number()
+	if !ok {
+		return 0, false
+	}
+	if v, ok := parseInt(s); ok {
+		return v, true
+	}
+	f, err := strconv.ParseFloat(string(s), 64)
+	switch {
+	case err == nil && f == math.Trunc(f) && f >= -(1<<63) && f < 1<<63:
+		return int64(f), true
+	case err == nil && f != math.Trunc(f):
+		if p.err == nil {
+			p.semantic(codeInvalidType, l, fmt.Sprintf("Invalid type for '%s': expected an integer or null, but got a decimal number instead.", l))
+		}
+	default:
+		p.valueErr(l, "integer out of range")
+	}
+	return 0, false
+}
+
+// optCount reads a non-negative count (or null) that must be at least lo.
+func (p *parser) optCount(l loc, lo int64) (int64, bool) {
+	v, ok := p.optInt(l)
+	if !ok {
+		return 0, false
+	}
+	if v < lo {
+		p.valueErr(l, fmt.Sprintf("must be at least %d, got %d", lo, v))
+		return 0, false
+	}
+	if v > math.MaxInt32 {
+		p.valueErr(l, "integer out of range")
+		return 0, false
+	}
+	return v, true
+}
+
+func (p *parser) optFloat(l loc) *float64 {
+	c := p.peek()
+	if c == 'n' {
+		p.skip(nil)
+		return nil
+	}
+	if c != '-' && (c < '0' || c > '9') {
+		p.typeErr(l, "a number or null")
+		return nil
+	}
+	s, ok := p.number()
+	if !ok {
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(s), 64)
+	if err != nil {
+		p.valueErr(l, "number out of range")
+		return nil
+	}
+	return &f
+}
+
+func (p *parser) streamOptions() {
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		p.req.IncludeUsage = false
+		return
+	case '{':
+	default:
+		p.typeErr(at("stream_options"), "an object or null")
+		return
+	}
+	p.i++
+	p.req.IncludeUsage = false
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			return
+		}
+		if equalString(key, esc, "include_usage") {
+			p.req.IncludeUsage, _ = p.optBool(loc{name: "stream_options", i: -1, j: -1, field: "include_usage"})
+		} else {
+			p.skip(nil)
+		}
+	}
+}
+
+func (p *parser) responseFormat() {
+	p.req.ResponseFormat = ""
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		return
+	case '{':
+	default:
+		p.typeErr(at("response_format"), "an object or null")
+		return
+	}
+	p.i++
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			return
+		}
+		if equalString(key, esc, "type") {
+			l := loc{name: "response_format", i: -1, j: -1, field: "type"}
+			if raw, esc, ok := p.optString(l, "a string"); ok {
+				p.req.ResponseFormat = string(decoded(raw, esc))
+			}
+		} else {
+			p.skip(nil)
+		}
+	}
+}
+
+// tools counts the declared tools and adds their JSON to the prompt text.
+func (p *parser) tools(name string) {
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		return
+	case '[':
+	default:
+		p.typeErr(at(name), "an array or null")
+		return
+	}
+	start := p.i
+	p.i++
+	n := 0
+	for first := true; p.elem(&first); n++ {
+		if p.peek() != '{' {
+			p.typeErr(loc{name: name, i: n, j: -1}, "an object")
+			continue
+		}
+		p.skip(nil)
+	}
+	if p.ok() {
+		p.req.Tools += n
+		p.stats.addRaw(p.b[start:p.i])
+	}
+}
+
+func (p *parser) toolChoice() {
+	req := p.req
+	req.ToolChoice = ""
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		return
+	case '"':
+		raw, esc, ok := p.str()
+		if !ok {
+			return
+		}
+		switch {
+		case equalString(raw, esc, "auto"):
+			req.ToolChoice = "auto"
+		case equalString(raw, esc, "none"):
+			req.ToolChoice = "none"
+		case equalString(raw, esc, "required"):
+			req.ToolChoice = "required"
+		default:
+			p.valueErr(at("tool_choice"), `must be "auto", "none", "required" or an object naming a tool`)
+		}
+		return
+	case '{':
+	default:
+		p.typeErr(at("tool_choice"), "a string or an object")
+		return
+	}
+	// {"type":"function","function":{"name":"f"}} (also "custom"); else the type.
+	p.i++
+	var typ, name []byte
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			break
+		}
+		var kb [32]byte
+		switch string(keyText(key, esc, kb[:])) {
+		case "type":
+			if p.peek() == '"' {
+				raw, esc, ok := p.str()
+				if ok {
+					typ = decoded(raw, esc)
+				}
+				continue
+			}
+			p.skip(nil)
+		case "function", "custom":
+			if p.peek() != '{' {
+				p.skip(nil)
+				continue
+			}
+			p.i++
+			for f2 := true; ; {
+				k2, e2, ok := p.member(&f2)
+				if !ok {
+					break
+				}
+				if equalString(k2, e2, "name") && p.peek() == '"' {
+					if raw, esc, ok := p.str(); ok {
+						name = decoded(raw, esc)
+					}
+					continue
+				}
+				p.skip(nil)
+			}
+		default:
+			p.skip(nil)
+		}
+	}
+	switch {
+	case name != nil:
+		req.ToolChoice = string(name)
+	case typ != nil:
+		req.ToolChoice = string(typ)
+	}
+}
+
+// decoded returns a string's decoded contents; raw itself when it has no escapes.
+func decoded(raw []byte, esc bool) []byte {
+	if !esc {
+		return raw
+	}
+	return appendUnescape(nil, raw)
+}
+
+func (p *parser) messages() {
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		p.haveMessages = false
+		return
+	case '[':
+	default:
+		p.typeErr(at("messages"), "an array")
+		return
+	}
+	p.haveMessages = true
+	p.req.Messages = 0
+	p.i++
+	for first, i := true, 0; p.elem(&first); i++ {
+		p.message(i)
+	}
+}
+
+func (p *parser) message(i int) {
+	if p.peek() != '{' {
+		p.typeErr(loc{name: "messages", i: i, j: -1}, "an object")
+		return
+	}
+	p.i++
+	p.req.Messages++
+	hasRole := false
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			break
+		}
+		var kb [32]byte
+		switch string(keyText(key, esc, kb[:])) {
+		case "role":
+			_, _, hasRole = p.optString(loc{name: "messages", i: i, field: "role", j: -1}, "a string")
+		case "content":
+			p.content(i)
+		case "tool_calls":
+			p.toolCalls(i)
+		case "function_call":
+			p.function(loc{name: "messages", i: i, field: "function_call", j: -1})
+		default:
+			p.skip(nil)
+		}
+	}
+	if !hasRole && p.ok() {
+		p.semantic(codeMissingField, loc{name: "messages", i: i, field: "role", j: -1},
+			fmt.Sprintf("Missing required parameter: 'messages[%d].role'.", i))
+	}
+}
+
+// text reads a string of content at the cursor, counts it and measures its depth.
+func (p *parser) text() {
+	if raw, esc, ok := p.strStats(&p.stats); ok {
+		d, _ := embeddedDepth(raw, esc, &p.scratch)
+		p.depth(d)
+	}
+}
+
+func (p *parser) content(i int) {
+	switch p.peek() {
+	case '"':
+		p.text()
+		return
+	case 'n':
+		p.skip(nil)
+		return
+	case '[':
+	default:
+		p.typeErr(loc{name: "messages", i: i, field: "content", j: -1}, "a string, an array of content parts, or null")
+		return
+	}
+	p.i++
+	for first, j := true, 0; p.elem(&first); j++ {
+		if p.peek() != '{' {
+			p.typeErr(loc{name: "messages", i: i, field: "content", j: j}, "an object")
+			continue
+		}
+		p.part()
+	}
+}
+
+// part measures one content part: {"type":"text","text":"..."}, {"type":"image_url",
+// "image_url":{"url":"..."}}, ...
+func (p *parser) part() {
+	typ, typEsc := p.partType()
+	p.i++ // '{'
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			return
+		}
+		switch {
+		case equalString(key, esc, "type"):
+			p.skip(nil)
+		case equalString(key, esc, "text") || equalString(key, esc, "refusal"):
+			if p.peek() == '"' {
+				p.text()
+				continue
+			}
+			p.depth(p.skip(&p.scratch))
+		case typ != nil && p.peek() == '{' && sameKey(key, esc, typ, typEsc):
+			// The payload object named by the type is an envelope.
+			p.depth(max(p.skip(&p.scratch)-1, 1))
+		default:
+			p.depth(p.skip(&p.scratch))
+		}
+	}
+}
+
+// partType finds the raw "type" of the part object at the cursor without moving it.
+func (p *parser) partType() (raw []byte, esc bool) {
+	c := cur{b: p.b, i: p.i + 1}
+	for first := true; ; {
+		key, kesc, ok := c.member(&first)
+		if !ok {
+			return nil, false
+		}
+		if equalString(key, kesc, "type") {
+			if c.peek() == '"' {
+				raw, esc, _ := c.str()
+				return raw, esc
+			}
+			return nil, false
+		}
+		c.skip(nil)
+	}
+}
+
+func sameKey(a []byte, aesc bool, b []byte, besc bool) bool {
+	if !aesc && !besc {
+		return string(a) == string(b)
+	}
+	var ab, bb [64]byte
+	ad, bd := keyText(a, aesc, ab[:]), keyText(b, besc, bb[:])
+	return ad != nil && string(ad) == string(bd)
+}
+
+func (p *parser) toolCalls(i int) {
+	l := loc{name: "messages", i: i, field: "tool_calls", j: -1}
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		return
+	case '[':
+	default:
+		p.typeErr(l, "an array or null")
+		return
+	}
+	p.i++
+	for first, j := true, 0; p.elem(&first); j++ {
+		l.j = j
+		if p.peek() != '{' {
+			p.typeErr(l, "an object")
+			continue
+		}
+		p.i++
+		for f2 := true; ; {
+			key, esc, ok := p.member(&f2)
+			if !ok {
+				break
+			}
+			if equalString(key, esc, "function") {
+				l.sub = "function"
+				p.function(l)
+				l.sub = ""
+				continue
+			}
+			p.skip(nil)
+		}
+	}
+}
+
+// function measures {"name":"...","arguments":"..."} of a tool call or legacy function call.
+func (p *parser) function(l loc) {
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		return
+	case '{':
+	default:
+		p.typeErr(l, "an object")
+		return
+	}
+	p.i++
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			return
+		}
+		switch {
+		case equalString(key, esc, "name"):
+			if p.peek() == '"' {
+				p.strStats(&p.stats)
+				continue
+			}
+			p.skip(nil)
+		case equalString(key, esc, "arguments"):
+			switch p.peek() {
+			case '"':
+				raw, esc, ok := p.strStats(&p.stats)
+				if !ok {
+					return
+				}
+				d, isJSON := embeddedDepth(raw, esc, &p.scratch)
+				if isJSON {
+					d = max(d-1, 1) // the arguments object is an envelope
+				}
+				p.depth(d)
+			case 'n':
+				p.skip(nil)
+			default:
+				al := l
+				if al.sub != "" {
+					al.sub += ".arguments"
+				} else {
+					al.sub = "arguments"
+				}
+				p.typeErr(al, "a string")
+			}
+		default:
+			p.skip(nil)
+		}
+	}
+}
+
+const promptTypes = "a string, an array of strings, an array of integers, or an array of integer arrays"
+
+// prompts reads a completion prompt or an embedding input: string | []string | []int | [][]int.
+func (p *parser) prompts(name string, embedding bool) {
+	req := p.req
+	req.Inputs = 0
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		p.havePrompt = false
+		return
+	case '"':
+		p.havePrompt = true
+		req.Inputs = 1
+		if embedding && p.i+1 < len(p.b) && p.b[p.i+1] == '"' {
+			p.valueErr(at(name), "must not be an empty string")
+		}
+		p.text()
+		return
+	case '[':
+	default:
+		p.typeErr(at(name), promptTypes)
+		return
+	}
+	p.havePrompt = true
+	p.i++
+	var form byte // '"', '0' or '[' after the first element
+	n := 0
+	for first := true; p.elem(&first); n++ {
+		c := p.peek()
+		if c == '-' || (c >= '0' && c <= '9') {
+			c = '0'
+		}
+		if form == 0 {
+			if c != '"' && c != '0' && c != '[' {
+				p.typeErr(loc{name: name, i: n, j: -1}, promptTypes)
+				continue
+			}
+			form = c
+		}
+		if c != form {
+			p.typeErr(loc{name: name, i: n, j: -1}, formName(form))
+			continue
+		}
+		switch form {
+		case '"':
+			p.text()
+		case '0':
+			p.tokenIDs(loc{name: name, i: n, j: -1})
+		case '[':
+			p.i++
+			for f2, j := true, 0; p.elem(&f2); j++ {
+				if c := p.peek(); c != '-' && (c < '0' || c > '9') {
+					p.typeErr(loc{name: name, i: n, j: j}, "an integer")
+					continue
+				}
+				p.tokenIDs(loc{name: name, i: n, j: j})
+			}
+			p.depth(1)
+		}
+	}
+	if !p.ok() {
+		return
+	}
+	switch form {
+	case 0:
+		p.valueErr(at(name), "must not be empty")
+	case '0':
+		req.Inputs = 1
+		p.depth(1)
+	default:
+		req.Inputs = n
+	}
+}
+
+// tokenIDs reads one integer token ID at the cursor.
+func (p *parser) tokenIDs(l loc) {
+	s, ok := p.number()
+	if !ok {
+		return
+	}
+	if _, ok := parseInt(s); !ok {
+		if p.err == nil {
+			p.semantic(codeInvalidType, l, fmt.Sprintf("Invalid type for '%s': expected an integer token ID, but got %s instead.", l, s))
+		}
+		return
+	}
+	p.tokenID++
+}
+
+func formName(form byte) string {
+	switch form {
+	case '"':
+		return "a string, like the first element"
+	case '0':
+		return "an integer, like the first element"
+	}
+	return "an array of integers, like the first element"
+}

@@ -1,0 +1,705 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+func ptrF(f float64) *float64 { return &f }
+func ptrI(i int64) *int64     { return &i }
+
+// sizes says which of the size fields a case checks; -1 leaves one unchecked.
+type sizes struct{ chars, tokens, depth int }
+
+func TestParseRequestValid(t *testing.T) {
+	tests := []struct {
+		name string
+		kind Kind
+		body string
+		want Request // Kind and Body are filled in
+		size sizes
+	}{
+		{
+			name: "chat string content",
+			kind: KindChat,
+			body: `{"model":"llama-3","messages":[{"role":"user","content":"Hello"}]}`,
+			want: Request{Model: "llama-3", N: 1, Messages: 1},
+			// 5 letters = 10/8 → 2 tokens, + 4 for the message + 3 priming.
+			size: sizes{chars: 5, tokens: 2 + 4 + 3, depth: 1},
+		},
+		{
+			name: "chat all scalars",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],
+				"stream":true,"stream_options":{"include_usage":true},"max_tokens":128,"max_completion_tokens":64,
+				"n":2,"user":"alice","temperature":0.7,"seed":-42,"response_format":{"type":"json_object"},
+				"tool_choice":"none","top_p":1,"logit_bias":{"50256":-100},"stop":["\n"]}`,
+			want: Request{Model: "m", Stream: true, IncludeUsage: true, MaxTokens: 128, N: 2, Messages: 2,
+				User: "alice", Temperature: ptrF(0.7), Seed: ptrI(-42), ResponseFormat: "json_object", ToolChoice: "none"},
+			size: sizes{chars: 11, tokens: -1, depth: 1},
+		},
+		{
+			name: "max_completion_tokens when no max_tokens",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":64,"max_tokens":null}`,
+			want: Request{Model: "m", MaxTokens: 64, N: 1, Messages: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "integral float accepted for an integer",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1.0e2,"n":1.0}`,
+			want: Request{Model: "m", MaxTokens: 100, N: 1, Messages: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "nulls are absent",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"user","content":null}],"stream":null,"n":null,"temperature":null,
+				"seed":null,"user":null,"tools":null,"tool_choice":null,"response_format":null,"stream_options":null}`,
+			want: Request{Model: "m", N: 1, Messages: 1},
+			size: sizes{chars: 0, tokens: 7, depth: 0},
+		},
+		{
+			name: "chat content parts",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"user","content":[
+				{"type":"text","text":"What is in this image?"},
+				{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"low"}}]}]}`,
+			want: Request{Model: "m", N: 1, Messages: 1},
+			size: sizes{chars: 22, tokens: -1, depth: 1},
+		},
+		{
+			name: "type after payload",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"user","content":[{"image_url":{"url":"u"},"type":"image_url"},{"text":"hi","type":"text"}]}]}`,
+			want: Request{Model: "m", N: 1, Messages: 1},
+			size: sizes{chars: 2, tokens: -1, depth: 1},
+		},
+		{
+			name: "escaped keys and values",
+			kind: KindChat,
+			body: `{"mod\u0065l":"a\"b","messages":[{"r\u006fle":"user","c\u006fntent":"\u00e9\n\ud83d\ude00"}],"str\u0065am":true}`,
+			want: Request{Model: `a"b`, Stream: true, N: 1, Messages: 1},
+			// é (2-byte: 4) + \n (2) + 😀 (4-byte: 16) = 22/8 → 3, + 7.
+			size: sizes{chars: 3, tokens: 3 + 7, depth: 1},
+		},
+		{
+			name: "keys are case-sensitive and the last duplicate wins",
+			kind: KindChat,
+			body: `{"MODEL":"x","model":"first","Stream":true,"messages":[{"role":"user","content":"x"}],"model":"second"}`,
+			want: Request{Model: "second", N: 1, Messages: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "tools and tool calls",
+			kind: KindChat,
+			body: `{"model":"m","tool_choice":{"type":"function","function":{"name":"get_weather"}},
+				"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}},
+				         {"type":"function","function":{"name":"get_time"}}],
+				"messages":[
+				 {"role":"user","content":"Weather in Paris?"},
+				 {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+				 {"role":"tool","tool_call_id":"c1","content":"{\"temp\":21,\"sky\":\"clear\"}"}]}`,
+			want: Request{Model: "m", N: 1, Messages: 3, Tools: 2, ToolChoice: "get_weather"},
+			size: sizes{chars: -1, tokens: -1, depth: 2},
+		},
+		{
+			name: "legacy functions and function_call",
+			kind: KindChat,
+			body: `{"model":"m","functions":[{"name":"f"}],"messages":[{"role":"assistant","function_call":{"name":"f","arguments":"{\"a\":{\"b\":[1]}}"}}]}`,
+			want: Request{Model: "m", N: 1, Messages: 1, Tools: 1},
+			size: sizes{chars: -1, tokens: -1, depth: 3},
+		},
+		{
+			name: "completion string prompt",
+			kind: KindCompletion,
+			body: `{"model":"m","prompt":"Once upon a time","max_tokens":16,"echo":false}`,
+			want: Request{Model: "m", MaxTokens: 16, N: 1, Inputs: 1},
+			// 16 letters/spaces = 32/8 = 4 tokens, no chat overhead.
+			size: sizes{chars: 16, tokens: 4, depth: 1},
+		},
+		{
+			name: "completion string array",
+			kind: KindCompletion,
+			body: `{"model":"m","prompt":["a","bb","ccc"]}`,
+			want: Request{Model: "m", N: 1, Inputs: 3},
+			size: sizes{chars: 6, tokens: 2, depth: 1},
+		},
+		{
+			name: "completion token IDs",
+			kind: KindCompletion,
+			body: `{"model":"m","prompt":[1, 2, 3, 4]}`,
+			want: Request{Model: "m", N: 1, Inputs: 1},
+			size: sizes{chars: 0, tokens: 4, depth: 1},
+		},
+		{
+			name: "completion token ID arrays",
+			kind: KindCompletion,
+			body: `{"model":"m","prompt":[[1,2],[3],[]]}`,
+			want: Request{Model: "m", N: 1, Inputs: 3},
+			size: sizes{chars: 0, tokens: 3, depth: 1},
+		},
+		{
+			name: "embedding string",
+			kind: KindEmbedding,
+			body: `{"model":"e","input":"The food was delicious","encoding_format":"float"}`,
+			want: Request{Model: "e", N: 1, Inputs: 1},
+			size: sizes{chars: 22, tokens: 6, depth: 1},
+		},
+		{
+			name: "embedding strings",
+			kind: KindEmbedding,
+			body: `{"model":"e","input":["a","b"]}`,
+			want: Request{Model: "e", N: 1, Inputs: 2},
+			size: sizes{chars: 2, tokens: 1, depth: 1},
+		},
+		{
+			name: "embedding token IDs",
+			kind: KindEmbedding,
+			body: `{"model":"e","input":[101,2023,102]}`,
+			want: Request{Model: "e", N: 1, Inputs: 1},
+			size: sizes{chars: 0, tokens: 3, depth: 1},
+		},
+		{
+			name: "embedding token ID arrays",
+			kind: KindEmbedding,
+			body: `{"model":"e","input":[[101],[102,103]]}`,
+			want: Request{Model: "e", N: 1, Inputs: 2},
+			size: sizes{chars: 0, tokens: 3, depth: 1},
+		},
+		{
+			name: "fields of other kinds are skipped",
+			kind: KindEmbedding,
+			body: `{"model":"e","input":"x","messages":5,"prompt":{}}`,
+			want: Request{Model: "e", N: 1, Inputs: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "white space everywhere",
+			kind: KindChat,
+			body: " \r\n\t{ \"model\" : \"m\" , \"messages\" : [ { \"role\" : \"user\" , \"content\" : \"x\" } ] } \n",
+			want: Request{Model: "m", N: 1, Messages: 1},
+			size: sizes{-1, -1, -1},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseRequest(tt.kind, []byte(tt.body))
+			if err != nil {
+				t.Fatalf("ParseRequest: %v", err)
+			}
+			if !bytes.Equal(got.Body, []byte(tt.body)) {
+				t.Errorf("Body is not the input")
+			}
+			want := tt.want
+			want.Kind, want.Body = tt.kind, got.Body
+			g := *got
+			for _, f := range []struct {
+				want int
+				got  *int
+			}{{tt.size.chars, &g.PromptChars}, {tt.size.tokens, &g.PromptTokens}, {tt.size.depth, &g.Depth}} {
+				if f.want < 0 {
+					*f.got = 0
+				}
+			}
+			want.PromptChars, want.PromptTokens, want.Depth = max(tt.size.chars, 0), max(tt.size.tokens, 0), max(tt.size.depth, 0)
+			if !equalRequest(g, want) {
+				t.Errorf("got  %+v\nwant %+v", show(g), show(want))
+			}
+		})
+	}
+}
+
+func equalRequest(a, b Request) bool {
+	ja, _ := json.Marshal(show(a))
+	jb, _ := json.Marshal(show(b))
+	return bytes.Equal(ja, jb)
+}
+
+// show drops Body and dereferences pointers for comparison and printing.
+func show(r Request) any {
+	type view struct {
+		Request
+		Body        bool     `json:"-"`
+		Temperature *float64 `json:",omitempty"`
+		Seed        *int64   `json:",omitempty"`
+	}
+	return view{Request: r, Temperature: r.Temperature, Seed: r.Seed}
+}
+
+func TestParseRequestOtherKinds(t *testing.T) {
+	for _, k := range []Kind{KindModels, KindOther} {
+		r, err := ParseRequest(k, []byte("not json"))
+		if err != nil || r.Kind != k || r.N != 1 || string(r.Body) != "not json" {
+			t.Errorf("%v: %+v, %v", k, r, err)
+		}
+	}
+}
+
+func TestParseRequestErrors(t *testing.T) {
+	chat := func(extra string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"x"}]` + extra + `}`
+	}
+	tests := []struct {
+		name    string
+		kind    Kind
+		body    string
+		code    string
+		param   string
+		message string // substring
+	}{
+		// Malformed JSON.
+		{"empty body", KindChat, ``, codeInvalidJSON, "", "offset 0: unexpected end"},
+		{"truncated", KindChat, `{"model":"m"`, codeInvalidJSON, "", "offset 12: unexpected end"},
+		{"trailing comma", KindChat, `{"model":"m",}`, codeInvalidJSON, "", "offset 13"},
+		{"single quotes", KindChat, `{'model':'m'}`, codeInvalidJSON, "", "offset 1"},
+		{"bad literal", KindChat, `{"model":"m","stream":tru}`, codeInvalidJSON, "", "offset 25"},
+		{"bad number", KindChat, `{"model":"m","n":01}`, codeInvalidJSON, "", "offset 18"},
+		{"bad escape", KindChat, `{"model":"\x"}`, codeInvalidJSON, "", "escape"},
+		{"control character", KindChat, "{\"model\":\"a\nb\"}", codeInvalidJSON, "", "control character"},
+		{"missing comma", KindChat, `{"model":"m" "n":1}`, codeInvalidJSON, "", "offset 13: expected ',' or '}'"},
+		{"missing colon", KindChat, `{"model" "m"}`, codeInvalidJSON, "", "offset 9: expected ':'"},
+		{"trailing data", KindChat, chat("") + `{}`, codeInvalidJSON, "", "unexpected data"},
+		{"not an object", KindChat, `[1,2]`, codeInvalidType, "", "expected an object, but got an array"},
+		{"syntax error wins over a type error", KindChat, `{"model":5,"messages":[}`, codeInvalidJSON, "", ""},
+		{"syntax error deep in content", KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"]}]}`, codeInvalidJSON, "", ""},
+
+		// Wrong types.
+		{"model", KindChat, `{"model":5,"messages":[{"role":"user","content":"x"}]}`, codeInvalidType, "model", "expected a string or null, but got a number"},
+		{"stream", KindChat, chat(`,"stream":"yes"`), codeInvalidType, "stream", "expected a boolean"},
+		{"stream_options", KindChat, chat(`,"stream_options":true`), codeInvalidType, "stream_options", "an object"},
+		{"include_usage", KindChat, chat(`,"stream_options":{"include_usage":1}`), codeInvalidType, "stream_options.include_usage", "a boolean"},
+		{"max_tokens string", KindChat, chat(`,"max_tokens":"10"`), codeInvalidType, "max_tokens", "an integer"},
+		{"max_tokens decimal", KindChat, chat(`,"max_tokens":1.5`), codeInvalidType, "max_tokens", "decimal"},
+		{"max_completion_tokens", KindChat, chat(`,"max_completion_tokens":[]`), codeInvalidType, "max_completion_tokens", "an integer"},
+		{"n", KindChat, chat(`,"n":true`), codeInvalidType, "n", "an integer"},
+		{"user", KindChat, chat(`,"user":{}`), codeInvalidType, "user", "a string"},
+		{"temperature", KindChat, chat(`,"temperature":"hot"`), codeInvalidType, "temperature", "a number"},
+		{"seed", KindChat, chat(`,"seed":0.5`), codeInvalidType, "seed", "integer"},
+		{"response_format", KindChat, chat(`,"response_format":"json"`), codeInvalidType, "response_format", "an object"},
+		{"response_format.type", KindChat, chat(`,"response_format":{"type":1}`), codeInvalidType, "response_format.type", "a string"},
+		{"tools", KindChat, chat(`,"tools":{}`), codeInvalidType, "tools", "an array"},
+		{"tools element", KindChat, chat(`,"tools":[{},1]`), codeInvalidType, "tools[1]", "an object"},
+		{"functions", KindChat, chat(`,"functions":"f"`), codeInvalidType, "functions", "an array"},
+		{"tool_choice", KindChat, chat(`,"tool_choice":3`), codeInvalidType, "tool_choice", "a string or an object"},
+		{"messages", KindChat, `{"model":"m","messages":{}}`, codeInvalidType, "messages", "an array"},
+		{"message", KindChat, `{"model":"m","messages":["hi"]}`, codeInvalidType, "messages[0]", "an object"},
+		{"role", KindChat, `{"model":"m","messages":[{"role":1,"content":"x"}]}`, codeInvalidType, "messages[0].role", "a string"},
+		{"content", KindChat, `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":42}]}`, codeInvalidType, "messages[1].content", "a string, an array of content parts, or null"},
+		{"content part", KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"},"y"]}]}`, codeInvalidType, "messages[0].content[1]", "an object"},
+		{"tool_calls", KindChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":{}}]}`, codeInvalidType, "messages[0].tool_calls", "an array"},
+		{"tool_call", KindChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[1]}]}`, codeInvalidType, "messages[0].tool_calls[0]", "an object"},
+		{"tool_call function", KindChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":"f"}]}]}`, codeInvalidType, "messages[0].tool_calls[0].function", "an object"},
+		{"tool_call arguments", KindChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":{}}}]}]}`, codeInvalidType, "messages[0].tool_calls[0].function.arguments", "a string"},
+		{"function_call", KindChat, `{"model":"m","messages":[{"role":"assistant","function_call":[]}]}`, codeInvalidType, "messages[0].function_call", "an object"},
+		{"prompt", KindCompletion, `{"model":"m","prompt":5}`, codeInvalidType, "prompt", promptTypes},
+		{"prompt element", KindCompletion, `{"model":"m","prompt":[true]}`, codeInvalidType, "prompt[0]", promptTypes},
+		{"prompt mixed", KindCompletion, `{"model":"m","prompt":["a",1]}`, codeInvalidType, "prompt[1]", "a string"},
+		{"prompt token ID", KindCompletion, `{"model":"m","prompt":[1,2.5]}`, codeInvalidType, "prompt[1]", "token ID"},
+		{"prompt nested", KindCompletion, `{"model":"m","prompt":[[1],["a"]]}`, codeInvalidType, "prompt[1][0]", "an integer"},
+		{"input", KindEmbedding, `{"model":"m","input":{"text":"x"}}`, codeInvalidType, "input", promptTypes},
+		{"input mixed", KindEmbedding, `{"model":"m","input":[[1],2]}`, codeInvalidType, "input[1]", "an array of integers"},
+		{"first type error wins", KindChat, `{"model":"m","n":"2","stream":1,"messages":[{"role":"user","content":"x"}]}`, codeInvalidType, "n", ""},
+
+		// Missing fields.
+		{"no model", KindChat, `{"messages":[{"role":"user","content":"x"}]}`, codeMissingField, "model", "'model'"},
+		{"null model", KindChat, `{"model":null,"messages":[{"role":"user","content":"x"}]}`, codeMissingField, "model", ""},
+		{"no messages", KindChat, `{"model":"m"}`, codeMissingField, "messages", "'messages'"},
+		{"null messages", KindChat, `{"model":"m","messages":null}`, codeMissingField, "messages", ""},
+		{"no role", KindChat, `{"model":"m","messages":[{"content":"x"}]}`, codeMissingField, "messages[0].role", ""},
+		{"no prompt", KindCompletion, `{"model":"m"}`, codeMissingField, "prompt", ""},
+		{"no input", KindEmbedding, `{"model":"m","prompt":"x"}`, codeMissingField, "input", ""},
+
+		// Invalid values.
+		{"empty model", KindChat, `{"model":"","messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "model", "empty"},
+		{"empty messages", KindChat, `{"model":"m","messages":[]}`, codeInvalidValue, "messages", "at least one"},
+		{"negative max_tokens", KindChat, chat(`,"max_tokens":-1`), codeInvalidValue, "max_tokens", "at least 0, got -1"},
+		{"negative max_completion_tokens", KindChat, chat(`,"max_completion_tokens":-5`), codeInvalidValue, "max_completion_tokens", "got -5"},
+		{"huge max_tokens", KindChat, chat(`,"max_tokens":99999999999999999999`), codeInvalidValue, "max_tokens", "out of range"},
+		{"n zero", KindChat, chat(`,"n":0`), codeInvalidValue, "n", "at least 1"},
+		{"tool_choice word", KindChat, chat(`,"tool_choice":"always"`), codeInvalidValue, "tool_choice", "auto"},
+		{"empty prompt array", KindCompletion, `{"model":"m","prompt":[]}`, codeInvalidValue, "prompt", "empty"},
+		{"empty input array", KindEmbedding, `{"model":"m","input":[]}`, codeInvalidValue, "input", "empty"},
+		{"empty input string", KindEmbedding, `{"model":"m","input":""}`, codeInvalidValue, "input", "empty string"},
+		{"temperature overflow", KindChat, chat(`,"temperature":1e999`), codeInvalidValue, "temperature", "out of range"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := ParseRequest(tt.kind, []byte(tt.body))
+			if err == nil {
+				t.Fatalf("no error; got %+v", r)
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %T is not *Error", err)
+			}
+			if e.Status != http.StatusBadRequest || e.Type != "invalid_request_error" || e.Code != tt.code || e.Param != tt.param {
+				t.Errorf("got status %d type %q code %q param %q (%s), want 400 invalid_request_error %q %q",
+					e.Status, e.Type, e.Code, e.Param, e.Message, tt.code, tt.param)
+			}
+			if !strings.Contains(e.Message, tt.message) {
+				t.Errorf("message %q does not contain %q", e.Message, tt.message)
+			}
+			if (tt.code == codeInvalidJSON) == json.Valid([]byte(tt.body)) {
+				t.Errorf("invalid_json disagrees with json.Valid")
+			}
+		})
+	}
+}
+
+func TestDepth(t *testing.T) {
+	msg := func(content string) string {
+		return `{"model":"m","messages":[{"role":"user","content":` + content + `}]}`
+	}
+	call := func(args string) string {
+		a, _ := json.Marshal(args)
+		return `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":` + string(a) + `}}]}]}`
+	}
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	tests := []struct {
+		name string
+		body string
+		want int
+	}{
+		{"no content", msg(`null`), 0},
+		{"text", msg(`"hello"`), 1},
+		{"empty text", msg(`""`), 1},
+		{"text part", msg(`[{"type":"text","text":"hello"}]`), 1},
+		{"image part", msg(`[{"type":"image_url","image_url":{"url":"https://x/y.png"}}]`), 1},
+		{"audio part", msg(`[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]`), 1},
+		{"extra field in a part", msg(`[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]`), 2},
+		{"nested payload", msg(`[{"type":"custom","custom":{"a":{"b":{"c":1}}}}]`), 3},
+		{"JSON text object", msg(q(`{"a":1}`)), 2},
+		{"JSON text with space", msg(q("  \n[[1]] ")), 3},
+		{"JSON text escaped brace", msg(`"\u005b[[1]]]"`), 4},
+		{"not JSON text", msg(q(`{not json}`)), 1},
+		{"JSON text with trailing words", msg(q(`{"a":1} and more`)), 1},
+		{"JSON in JSON text", msg(q(`{"a":` + q(`{"b":{"c":1}}`) + `}`)), 4},
+		{"JSON in JSON in JSON", msg(q(`[` + q(`[`+q(`[1]`)+`]`) + `]`)), 4},
+		{"JSON text in a text part", msg(`[{"type":"text","text":` + q(`{"a":[1,2]}`) + `}]`), 3},
+		{"empty object text", msg(q(`{}`)), 1},
+		{"flat arguments", call(`{"city":"Paris"}`), 1},
+		{"nested arguments", call(`{"q":{"a":1}}`), 2},
+		{"deep arguments", call(`{"a":[[[[1]]]]}`), 5},
+		{"arguments with JSON text", call(`{"a":` + q(`{"b":1}`) + `}`), 2},
+		{"arguments not JSON", call(`city=Paris`), 1},
+		{"empty arguments", call(``), 1},
+		{"tool result", `{"model":"m","messages":[{"role":"tool","tool_call_id":"1","content":` + q(`{"r":{"s":[1]}}`) + `}]}`, 4},
+		{"max over messages", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":` + q(`[[1]]`) + `},{"role":"user","content":"b"}]}`, 3},
+		{"completion prompt JSON text", `{"model":"m","prompt":` + q(`{"a":{"b":1}}`) + `}`, 3},
+		{"embedding tokens", `{"model":"m","input":[[1,2]]}`, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			kind := KindChat
+			if strings.Contains(tt.body, `"prompt"`) {
+				kind = KindCompletion
+			} else if strings.Contains(tt.body, `"input"`) {
+				kind = KindEmbedding
+			}
+			r, err := ParseRequest(kind, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Depth != tt.want {
+				t.Errorf("Depth = %d, want %d", r.Depth, tt.want)
+			}
+		})
+	}
+}
+
+func TestDepthDeepNesting(t *testing.T) {
+	// A million levels must not blow the stack: the scanner is iterative.
+	const n = 1 << 20
+	text := strings.Repeat("[", n) + strings.Repeat("]", n)
+	body := `{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`
+	r, err := ParseRequest(KindChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Depth != n {
+		t.Errorf("Depth = %d, want %d", r.Depth, n)
+	}
+	// As structure rather than text it is a legal (if unwise) unknown field.
+	body = `{"model":"m","x":` + text + `,"messages":[{"role":"user","content":"x"}]}`
+	if _, err := ParseRequest(KindChat, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadBody(t *testing.T) {
+	body := strings.Repeat("x", 100)
+	for _, tt := range []struct {
+		name  string
+		r     io.Reader
+		limit int64
+		ok    bool
+	}{
+		{"under", strings.NewReader(body), 101, true},
+		{"at", strings.NewReader(body), 100, true},
+		{"over", strings.NewReader(body), 99, false},
+		{"over by one byte reads", iotest.OneByteReader(strings.NewReader(body)), 10, false},
+		{"no limit", strings.NewReader(body), 0, true},
+		{"MaxBytesReader", http.MaxBytesReader(nil, io.NopCloser(strings.NewReader(body)), 50), 0, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := ReadBody(tt.r, tt.limit)
+			if tt.ok {
+				if err != nil || string(b) != body {
+					t.Fatalf("got %d bytes, %v", len(b), err)
+				}
+				return
+			}
+			var e *Error
+			if !errors.As(err, &e) || e.Status != http.StatusRequestEntityTooLarge || e.Code != "request_too_large" {
+				t.Fatalf("got %v, want a 413 request_too_large", err)
+			}
+			if tt.limit > 0 && !strings.Contains(e.Message, "limit is "+itoa(tt.limit)+" bytes") {
+				t.Errorf("message %q does not state the limit", e.Message)
+			}
+		})
+	}
+	// It never reads more than limit+1 bytes.
+	cr := &countingReader{r: strings.NewReader(strings.Repeat("x", 1<<20))}
+	if _, err := ReadBody(cr, 1000); err == nil {
+		t.Fatal("no error")
+	}
+	if cr.n > 1001 {
+		t.Errorf("read %d bytes for a limit of 1000", cr.n)
+	}
+	// Read errors come back as they are.
+	if _, err := ReadBody(iotest.ErrReader(io.ErrClosedPipe), 10); !errors.Is(err, io.ErrClosedPipe) {
+		t.Errorf("got %v", err)
+	}
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+func TestSetModel(t *testing.T) {
+	tests := []struct {
+		name, body, model, want string
+	}{
+		{"present", `{"model":"a","x":1}`, "b", `{"model":"b","x":1}`},
+		{"keeps white space", "{ \"model\" :\t\"a\" ,\n \"x\" : [1, 2] }", "bb", "{ \"model\" :\t\"bb\" ,\n \"x\" : [1, 2] }"},
+		{"last key", `{"x":{"model":"n"},"model":"a"}`, "b", `{"x":{"model":"n"},"model":"b"}`},
+		{"nested keys untouched", `{"messages":[{"model":"keep","content":"\"model\":\"keep\""}],"model":"a","meta":{"model":"keep"}}`, "b",
+			`{"messages":[{"model":"keep","content":"\"model\":\"keep\""}],"model":"b","meta":{"model":"keep"}}`},
+		{"escaped key", `{"mod\u0065l":"a"}`, "b", `{"mod\u0065l":"b"}`},
+		{"escaped value", `{"model":"a\"\u00e9","x":"y"}`, "b", `{"model":"b","x":"y"}`},
+		{"non-string value", `{"model":null}`, "b", `{"model":"b"}`},
+		{"every duplicate", `{"model":"a","model":"c"}`, "b", `{"model":"b","model":"b"}`},
+		{"absent", `{"x":1}`, "b", `{"model":"b","x":1}`},
+		{"absent empty", `{}`, "b", `{"model":"b"}`},
+		{"absent empty with space", ` { } `, "b", ` {"model":"b" } `},
+		{"value needing escapes", `{"model":"a"}`, "q\"\\\n\u2028<", `{"model":"q\"\\\n\u2028<"}`},
+		{"similar keys", `{"models":"x","Model":"y","model ":"z"}`, "b", `{"model":"b","models":"x","Model":"y","model ":"z"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := []byte(tt.body)
+			orig := bytes.Clone(in)
+			got, err := SetModel(in, tt.model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tt.want {
+				t.Errorf("got  %s\nwant %s", got, tt.want)
+			}
+			if !bytes.Equal(in, orig) {
+				t.Errorf("input modified")
+			}
+			var v map[string]any
+			if err := json.Unmarshal(got, &v); err != nil {
+				t.Fatalf("result is not JSON: %v", err)
+			}
+			if v["model"] != tt.model {
+				t.Errorf("model = %q", v["model"])
+			}
+		})
+	}
+	for _, bad := range []string{``, `[]`, `{"model":}`, `{"model":"a"} x`, `"model"`} {
+		if _, err := SetModel([]byte(bad), "b"); err == nil {
+			t.Errorf("%q: no error", bad)
+		} else if e := (*Error)(nil); !errors.As(err, &e) || e.Code != codeInvalidJSON {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+func TestKind(t *testing.T) {
+	tests := []struct {
+		method, path string
+		want         Kind
+		op           string
+	}{
+		{"POST", "/v1/chat/completions", KindChat, "chat"},
+		{"POST", "/v1/completions", KindCompletion, "text_completion"},
+		{"POST", "/v1/embeddings", KindEmbedding, "embeddings"},
+		{"GET", "/v1/models", KindModels, ""},
+		{"GET", "/v1/models/meta-llama/Llama-3.1-8B", KindModels, ""},
+		{"GET", "/v1/models/", KindOther, ""},
+		{"GET", "/v1/chat/completions", KindOther, ""},
+		{"POST", "/v1/models", KindOther, ""},
+		{"POST", "/v1/chat/completions/", KindOther, ""},
+		{"POST", "/v2/chat/completions", KindOther, ""},
+		{"POST", "/v1/responses", KindOther, ""},
+	}
+	for _, tt := range tests {
+		k := KindOf(tt.method, tt.path)
+		if k != tt.want || k.Operation() != tt.op {
+			t.Errorf("%s %s: %v %q, want %v %q", tt.method, tt.path, k, k.Operation(), tt.want, tt.op)
+		}
+	}
+	if KindChat.String() != "chat" || Kind(99).String() != "other" {
+		t.Error("String")
+	}
+}
+
+func TestError(t *testing.T) {
+	e := NewError(http.StatusTooManyRequests, "rate_limit_error", "rate_limited", "Slow \"down\"\n")
+	e.RetryAfter = 1500 * time.Millisecond
+	var body struct {
+		Error struct {
+			Message, Type string
+			Param, Code   *string
+		}
+	}
+	if err := json.Unmarshal(e.Body(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Error.Message != e.Message || body.Error.Type != e.Type || body.Error.Param != nil || *body.Error.Code != e.Code {
+		t.Errorf("body %s", e.Body())
+	}
+	if want := `{"error":{"message":"Slow \"down\"\n","type":"rate_limit_error","param":null,"code":"rate_limited"}}`; string(e.Body()) != want {
+		t.Errorf("body\n%s\nwant\n%s", e.Body(), want)
+	}
+	if got := e.Error(); got != "429 rate_limited: Slow \"down\"\n" {
+		t.Errorf("Error() = %q", got)
+	}
+
+	rec := httptest.NewRecorder()
+	WriteError(rec, e)
+	if rec.Code != 429 || rec.Header().Get("Content-Type") != "application/json" || rec.Header().Get("Retry-After") != "2" {
+		t.Errorf("status %d headers %v", rec.Code, rec.Header())
+	}
+	if !bytes.Equal(rec.Body.Bytes(), e.Body()) {
+		t.Errorf("body %s", rec.Body.Bytes())
+	}
+	rec = httptest.NewRecorder()
+	WriteError(rec, &Error{Message: "x", Param: "p"})
+	if rec.Code != 500 || rec.Header().Get("Retry-After") != "" || !strings.Contains(rec.Body.String(), `"param":"p"`) {
+		t.Errorf("status %d headers %v body %s", rec.Code, rec.Header(), rec.Body)
+	}
+
+	// The SSE form is one event whose data is the same body.
+	rd := NewReader(bytes.NewReader(e.SSE()), 0)
+	ev, err := rd.Next()
+	if err != nil || string(ev.Name) != "error" || !bytes.Equal(ev.Data, e.Body()) || !bytes.Equal(ev.Raw, e.SSE()) {
+		t.Errorf("SSE %q: %+v %v", e.SSE(), ev, err)
+	}
+	if _, err := rd.Next(); err != io.EOF {
+		t.Errorf("after the event: %v", err)
+	}
+	var tap Tap
+	tap.Observe(ev, time.Now())
+	if !tap.ErrorSeen {
+		t.Error("Tap did not see the error")
+	}
+}
+
+func TestAppendQuotedMatchesEncodingJSON(t *testing.T) {
+	for _, s := range []string{"", "plain", "q\"b\\s/", "\x00\x01\x1f\x7f", "é😀", "bad\xffutf8\xc3", "\u2028\u2029", "<&>"} {
+		got := appendQuoted(nil, s)
+		var back string
+		if err := json.Unmarshal(got, &back); err != nil {
+			t.Fatalf("%q: %s is not JSON: %v", s, got, err)
+		}
+		want := strings.ToValidUTF8(s, "\ufffd")
+		if back != want {
+			t.Errorf("%q: round trip gave %q", s, back)
+		}
+	}
+}
+
+func TestEstimateTokens(t *testing.T) {
+	for _, tt := range []struct{ chars, want int }{{0, 0}, {-1, 0}, {1, 1}, {4, 1}, {5, 2}, {400, 100}} {
+		if got := EstimateTokens(tt.chars); got != tt.want {
+			t.Errorf("EstimateTokens(%d) = %d, want %d", tt.chars, got, tt.want)
+		}
+	}
+	for _, tt := range []struct {
+		text string
+		want int
+	}{
+		{"", 0},
+		{"abcd", 1},
+		{"Hello, world.", 4},   // 11 letters/spaces (22) + 2 punctuation (10) = 32/8
+		{"12345", 2},           // 15/8
+		{"你好世界", 4},            // a token a character
+		{"Привет", 3},          // half a token a character
+		{"😀😀", 4},              // two tokens each
+		{"if (x != nil) {", 6}, // code counts punctuation
+	} {
+		if got := EstimateTextTokens([]byte(tt.text)); got != tt.want {
+			t.Errorf("EstimateTextTokens(%q) = %d, want %d", tt.text, got, tt.want)
+		}
+	}
+}
+
+func TestScanMatchesEncodingJSON(t *testing.T) {
+	cases := []string{
+		`0`, `-0`, `-`, `01`, `1.`, `1.5`, `.5`, `1e`, `1e+`, `1E+2`, `1e-2`, `-1.5e10`, `2.`, `+1`, `0x10`, `1_000`,
+		`""`, `"\""`, `"\\"`, `"\/"`, `"\b\f\n\r\t"`, `"\u00E9"`, `"\u00e"`, `"\uD83D\uDE00"`, `"\ud800"`, `"\x"`, `"\'"`,
+		"\"\x01\"", "\"\x7f\"", "\"\xff\"", `"abc`, `"`,
+		`true`, `false`, `null`, `tru`, `nul`, `True`, `NaN`, `Infinity`,
+		`[]`, `[1,]`, `[,1]`, `[1 2]`, `[[[]]]`, `[`, `]`, `{}`, `{"a"}`, `{"a":}`, `{"a":1,}`, `{,}`, `{1:2}`, `{"a":1 "b":2}`,
+		`{"a":[{"b":null}]}`, " \t\r\n[ 1 , 2 ] \t\r\n", "\v[]", "[]\f", `[] []`, `{} x`, ``, ` `,
+	}
+	for _, c := range cases {
+		end, _, msg := scanValue([]byte(c), 0, nil)
+		ok := msg == "" && skipSpace([]byte(c), end) == len(c)
+		if ok != json.Valid([]byte(c)) {
+			t.Errorf("%q: scanner says %v (%s), encoding/json %v", c, ok, msg, !ok)
+		}
+		body := []byte(`{"model":"m","x":` + c + `,"messages":[{"role":"user","content":"x"}]}`)
+		_, err := ParseRequest(KindChat, body)
+		var e *Error
+		if isJSON := !(errors.As(err, &e) && e.Code == codeInvalidJSON); isJSON != json.Valid(body) {
+			t.Errorf("%q as a field: ParseRequest %v, encoding/json %v", c, err, json.Valid(body))
+		}
+	}
+}
+
+func TestParseRequestAllocs(t *testing.T) {
+	// The request, the model string and the temperature, whatever the prompt's size.
+	for _, tokens := range []int{100, 32000} {
+		body := chatBody(tokens)
+		if a := testing.AllocsPerRun(20, func() {
+			if _, err := ParseRequest(KindChat, body); err != nil {
+				t.Fatal(err)
+			}
+		}); a > 3 {
+			t.Errorf("%d tokens: %v allocations", tokens, a)
+		}
+	}
+}

@@ -1,0 +1,188 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/proxy/upstream"
+)
+
+// maxBufferedBody bounds how much of a non-streaming answer is held before it is relayed;
+// larger answers are streamed through as they come (and can no longer be retried).
+const maxBufferedBody = 32 << 20
+
+// relayStream relays an SSE answer event by event, flushing each one. The first event is read
+// before anything is sent to the client, so a failure up to then can still be retried. After
+// that, a failure ends the stream with an in-band SSE error event.
+func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
+	rd := openai.NewReader(resp.Body, int(h.srv.state.Load().snap.Config.MaxEventBytes))
+	tap := &res.tap
+
+	t0 := time.Now()
+	ev, err := rd.Next()
+	t1 := time.Now()
+	res.wait += t1.Sub(t0)
+	if err != nil {
+		h.failBeforeFirstByte(ctx, err, ep, res)
+		return
+	}
+	wd.beat()
+	ex.commit(resp.StatusCode, resp.Header, res)
+	res.status = resp.StatusCode
+	for {
+		tap.Observe(ev, t1)
+		if _, werr := ex.w.Write(ev.Raw); werr != nil {
+			cancel(errClientWrite)
+			res.class, res.status = classClientCancel, statusClientClosed
+			return
+		}
+		ex.flush()
+		t0 = time.Now()
+		res.wait += t0.Sub(t1)
+		ev, err = rd.Next()
+		t1 = time.Now()
+		res.wait += t1.Sub(t0)
+		if err != nil {
+			break
+		}
+		if ev.IsDone() && (wd.idle <= 0 || wd.idle > time.Second) {
+			// Only the end of the body should follow; do not wait long for it.
+			wd.idle = time.Second
+		}
+		wd.beat()
+	}
+	if tap.Done {
+		ep.Report(true)
+		return
+	}
+	// The stream broke after it started: say so in-band, never hang or end silently.
+	class := classStreamCut
+	if ctx.Err() != nil {
+		class = causeClass(ctx)
+	}
+	res.class = class
+	if class == classClientCancel {
+		res.status = statusClientClosed
+		return
+	}
+	if class == classStreamCut || class == classIdleTimeout {
+		ep.Report(false)
+	}
+	e := classError(class, 0)
+	if errors.Is(err, openai.ErrEventTooLarge) {
+		e = openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, err.Error())
+		res.class = classUpstreamError
+	}
+	_, _ = ex.w.Write(e.SSE())
+	ex.flush()
+}
+
+// relayBody relays a non-streaming answer. Answers up to maxBufferedBody are read whole before
+// anything is sent, so a 5xx or a broken body can still be retried elsewhere.
+func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
+	wd.beat() // headers arrived: the TTFT phase is over for a non-streaming answer
+	res.status = resp.StatusCode
+	body, complete, err := readBounded(resp.Body, maxBufferedBody, wd, res)
+	if err != nil {
+		h.failBeforeFirstByte(ctx, err, ep, res)
+		return
+	}
+	now := time.Now()
+	switch s := resp.StatusCode; {
+	case s >= 500:
+		ep.Report(false)
+		res.class, res.retryable = classUpstream5xx, true
+	case s == http.StatusTooManyRequests:
+		res.class, res.retryable = classUpstream429, true
+	case s >= 400:
+		ep.Report(true)
+		res.class = classUpstream4xx
+	default:
+		ep.Report(true)
+		res.tap.FirstToken = now
+		res.tap.ObserveBody(body, now)
+	}
+	if complete {
+		res.pending = &pending{status: resp.StatusCode, header: resp.Header, body: body}
+		return
+	}
+	// Too large to hold: relay what we have and stream the rest through.
+	ex.commit(resp.StatusCode, resp.Header, res)
+	if _, err := ex.w.Write(body); err != nil {
+		res.class, res.status = classClientCancel, statusClientClosed
+		return
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		t0 := time.Now()
+		n, rerr := resp.Body.Read(buf)
+		res.wait += time.Since(t0)
+		if n > 0 {
+			wd.beat()
+			if _, err := ex.w.Write(buf[:n]); err != nil {
+				res.class, res.status = classClientCancel, statusClientClosed
+				return
+			}
+			ex.flush()
+		}
+		if rerr == io.EOF {
+			return
+		}
+		if rerr != nil {
+			res.class = classStreamCut
+			if ctx.Err() != nil {
+				res.class = causeClass(ctx)
+			}
+			return
+		}
+	}
+}
+
+// failBeforeFirstByte classifies a failure that happened before anything reached the client.
+func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstream.Endpoint, res *result) {
+	switch {
+	case ctx.Err() != nil:
+		res.class = causeClass(ctx)
+	case errors.Is(err, io.EOF):
+		res.class = classEmptyResponse
+	default:
+		res.class = classConnect
+	}
+	if res.class == classConnect || res.class == classEmptyResponse {
+		ep.Report(false)
+	}
+	res.err = classError(res.class, 0)
+	res.status = res.err.Status
+	res.retryable = res.class != classClientCancel && res.class != classTimeout && res.class != classShutdown
+}
+
+// readBounded reads up to limit bytes, beating the watchdog on each read. complete is false
+// when the body is longer than limit (the first limit bytes are returned).
+func readBounded(r io.Reader, limit int, wd *watchdog, res *result) (body []byte, complete bool, err error) {
+	buf := make([]byte, 0, 4096)
+	for {
+		if len(buf) >= limit {
+			return buf, false, nil
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		t0 := time.Now()
+		n, rerr := r.Read(buf[len(buf):min(cap(buf), limit)])
+		res.wait += time.Since(t0)
+		buf = buf[:len(buf)+n]
+		if n > 0 {
+			wd.beat()
+		}
+		if rerr == io.EOF {
+			return buf, true, nil
+		}
+		if rerr != nil {
+			return nil, false, rerr
+		}
+	}
+}

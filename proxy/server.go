@@ -1,0 +1,431 @@
+// Package proxy is the gateway: the server and its listeners, the request path
+// (handler.go, read top-down), the admin API, config reloads and the graceful drain.
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/telemetry"
+	"github.com/sluicegw/sluice/proxy/upstream"
+)
+
+// Options configure a Server.
+type Options struct {
+	Config *config.Config
+	// ConfigPath, when set, is watched for changes and re-read on Reload (SIGHUP).
+	ConfigPath string
+	Logger     *slog.Logger
+	Telemetry  *telemetry.Telemetry
+	Version    string
+	// WatchInterval is how often ConfigPath is checked for changes (default 1s).
+	WatchInterval time.Duration
+}
+
+// Server runs the gateway listener and the admin listener.
+type Server struct {
+	opts  Options
+	log   *slog.Logger
+	tel   *telemetry.Telemetry
+	state atomic.Pointer[state]
+
+	reloadMu sync.Mutex
+	draining atomic.Bool
+	ready    atomic.Bool
+
+	baseCtx    context.Context
+	cancelBase context.CancelCauseFunc
+
+	ln, adminLn   net.Listener
+	http, admin   *http.Server
+	certs         *certReloader
+	wg            sync.WaitGroup
+	stopWatch     context.CancelFunc
+	reloadsFailed atomic.Int64
+}
+
+// state is one immutable generation of the running config: the compiled routes and the live
+// clusters. A reload builds a new state and swaps it in; requests in flight keep the old one.
+type state struct {
+	snap      *config.Snapshot
+	clusters  map[string]*clusterState
+	plans     [][]policy.Candidate // by route index
+	admitters map[string][]policy.Admitter
+	observers map[string][]policy.Observer
+	stop      context.CancelFunc // stops this generation's health checks
+}
+
+type clusterState struct {
+	*upstream.Cluster
+	apiKey string
+}
+
+// plan returns the route's candidates: the route's cluster (and model rewrite).
+func (st *state) plan(_ context.Context, rt *config.CompiledRoute, _ *policy.Request) []policy.Candidate {
+	return st.plans[rt.Index]
+}
+
+// New builds a server from a validated config. Nothing listens until Start.
+func New(opts Options) (*Server, error) {
+	if opts.Config == nil {
+		return nil, errors.New("proxy: no config")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if opts.WatchInterval == 0 {
+		opts.WatchInterval = time.Second
+	}
+	s := &Server{opts: opts, log: opts.Logger, tel: opts.Telemetry}
+	if s.tel == nil {
+		tel, err := telemetry.New(context.Background(), telemetry.Options{ServiceVersion: opts.Version})
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: %w", err)
+		}
+		s.tel = tel
+	}
+	s.baseCtx, s.cancelBase = context.WithCancelCause(context.Background())
+	st, err := s.build(opts.Config, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.state.Store(st)
+	s.tel.SetConfigInfo(opts.Config.Version)
+	return s, nil
+}
+
+// build turns a config into a running state, carrying endpoint state (health, ejections,
+// in-flight counts) over from the previous one.
+func (s *Server) build(c *config.Config, prev *state) (*state, error) {
+	st := &state{
+		snap:      config.NewSnapshot(c),
+		clusters:  map[string]*clusterState{},
+		admitters: map[string][]policy.Admitter{},
+		observers: map[string][]policy.Observer{},
+	}
+	var ctx context.Context
+	ctx, st.stop = context.WithCancel(s.baseCtx)
+	for _, cc := range c.Clusters {
+		opts := clusterOptions(cc, c.Timeouts, s.log)
+		cl, err := upstream.NewCluster(opts)
+		if err != nil {
+			st.stop()
+			for _, built := range st.clusters {
+				built.Close()
+			}
+			return nil, fmt.Errorf("cluster %q: %w", cc.Name, err)
+		}
+		if prev != nil {
+			if old := prev.clusters[cc.Name]; old != nil {
+				cl.Inherit(old.Cluster)
+			}
+		}
+		st.clusters[cc.Name] = &clusterState{Cluster: cl, apiKey: cc.APIKey.Reveal()}
+	}
+	for _, cl := range st.clusters {
+		cl.Start(ctx)
+	}
+	for _, r := range st.snap.Routes {
+		st.plans = append(st.plans, []policy.Candidate{{Cluster: r.Cluster, Model: r.Model}})
+	}
+	return st, nil
+}
+
+func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logger) upstream.Options {
+	o := upstream.Options{
+		Name:                cc.Name,
+		ConnectTimeout:      cc.Timeouts.Or(defaults).Connect.D(),
+		MaxIdleConnsPerHost: cc.MaxIdleConnsPerHost,
+		TLS:                 upstream.TLS{CAFile: cc.TLS.CAFile, ServerName: cc.TLS.ServerName, InsecureSkipVerify: cc.TLS.InsecureSkipVerify},
+		Logger:              log,
+	}
+	for _, ep := range cc.Endpoints {
+		o.Endpoints = append(o.Endpoints, upstream.EndpointSpec{URL: ep.URL, MetricsURL: ep.Metrics, Weight: ep.Weight})
+	}
+	if !cc.HealthCheck.Disabled {
+		o.HealthCheck = upstream.HealthCheck{
+			Path: cc.HealthCheck.Path, Interval: cc.HealthCheck.Interval.D(), Timeout: cc.HealthCheck.Timeout.D(),
+			UnhealthyThreshold: cc.HealthCheck.UnhealthyThreshold, HealthyThreshold: cc.HealthCheck.HealthyThreshold,
+		}
+	}
+	if !cc.Outlier.Disabled {
+		o.Outlier = upstream.Outlier{
+			ConsecutiveFailures: cc.Outlier.ConsecutiveFailures, BaseEjection: cc.Outlier.BaseEjection.D(),
+			MaxEjection: cc.Outlier.MaxEjection.D(), MaxEjectionPercent: cc.Outlier.MaxEjectionPercent,
+		}
+	}
+	return o
+}
+
+// Start binds both listeners and serves in the background. Use Addr and AdminAddr for the
+// bound addresses (useful with port 0).
+func (s *Server) Start() error {
+	c := s.state.Load().snap.Config
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", c.Listen, err)
+	}
+	aln, err := net.Listen("tcp", c.Admin.Listen)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("admin listen %s: %w", c.Admin.Listen, err)
+	}
+	s.ln, s.adminLn = ln, aln
+
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	s.http = &http.Server{
+		Handler:           &Handler{srv: s},
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return s.baseCtx },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		Protocols:         &protos,
+	}
+	if c.TLS.Enabled() {
+		s.certs = &certReloader{certFile: c.TLS.CertFile, keyFile: c.TLS.KeyFile, log: s.log}
+		if _, err := s.certs.get(); err != nil {
+			ln.Close()
+			aln.Close()
+			return err
+		}
+		protos.SetHTTP2(true)
+		s.http.TLSConfig = &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.certs.get() },
+			NextProtos:     []string{"h2", "http/1.1"},
+		}
+		ln = tls.NewListener(ln, s.http.TLSConfig)
+	} else {
+		protos.SetUnencryptedHTTP2(true) // h2c with prior knowledge
+	}
+	s.admin = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("gateway listener stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		if err := s.admin.Serve(aln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("admin listener stopped", "err", err)
+		}
+	}()
+	if s.opts.ConfigPath != "" {
+		var wctx context.Context
+		wctx, s.stopWatch = context.WithCancel(s.baseCtx)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.watch(wctx)
+		}()
+	}
+	s.ready.Store(true)
+	s.log.Info("sluice listening", "addr", s.Addr(), "admin", s.AdminAddr(), "tls", c.TLS.Enabled(),
+		"config", c.Source, "version", c.Version)
+	return nil
+}
+
+// Addr is the gateway listener's bound address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// AdminAddr is the admin listener's bound address.
+func (s *Server) AdminAddr() string { return s.adminLn.Addr().String() }
+
+// Config returns the config now serving.
+func (s *Server) Config() *config.Config { return s.state.Load().snap.Config }
+
+// Reload re-reads the config file. A valid file is swapped in atomically (requests in flight
+// finish on the old one); an invalid one is rejected with every problem logged and counted,
+// and the old config keeps serving.
+func (s *Server) Reload() error {
+	if s.opts.ConfigPath == "" {
+		return errors.New("no config file to reload (started with --upstream)")
+	}
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	err := s.reloadLocked()
+	s.tel.ConfigReload(context.Background(), err == nil)
+	if err != nil {
+		s.reloadsFailed.Add(1)
+		s.log.Error("config reload rejected; the previous config keeps serving", "file", s.opts.ConfigPath, "err", err)
+	}
+	return err
+}
+
+func (s *Server) reloadLocked() error {
+	c, err := config.LoadFile(s.opts.ConfigPath)
+	if err != nil {
+		return err
+	}
+	old := s.state.Load()
+	if c.Version == old.snap.Config.Version {
+		return nil
+	}
+	oc := old.snap.Config
+	var p []string
+	if c.Listen != oc.Listen {
+		p = append(p, fmt.Sprintf("listen: changing %q to %q needs a restart", oc.Listen, c.Listen))
+	}
+	if c.Admin.Listen != oc.Admin.Listen {
+		p = append(p, fmt.Sprintf("admin.listen: changing %q to %q needs a restart", oc.Admin.Listen, c.Admin.Listen))
+	}
+	if c.TLS.Enabled() != oc.TLS.Enabled() {
+		p = append(p, "tls: turning TLS on or off needs a restart")
+	}
+	if len(p) > 0 {
+		return &config.ValidationError{Problems: p}
+	}
+	st, err := s.build(c, old)
+	if err != nil {
+		return err
+	}
+	s.state.Store(st)
+	if s.certs != nil {
+		s.certs.set(c.TLS.CertFile, c.TLS.KeyFile)
+	}
+	old.stop()
+	for _, cl := range old.clusters {
+		cl.Close()
+	}
+	s.tel.SetConfigInfo(c.Version)
+	s.log.Info("config reloaded", "file", s.opts.ConfigPath, "version", c.Version)
+	return nil
+}
+
+// watch polls the config file and reloads it when its content changes.
+func (s *Server) watch(ctx context.Context) {
+	t := time.NewTicker(s.opts.WatchInterval)
+	defer t.Stop()
+	last := fileStamp(s.opts.ConfigPath)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if st := fileStamp(s.opts.ConfigPath); st != last {
+			last = st
+			_ = s.Reload()
+		}
+	}
+}
+
+type stamp struct {
+	mod  time.Time
+	size int64
+}
+
+func fileStamp(p string) stamp {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return stamp{}
+	}
+	return stamp{fi.ModTime(), fi.Size()}
+}
+
+// Shutdown drains: it stops accepting, lets requests in flight finish until ctx's deadline
+// (the drain deadline), then cancels those left (streams end with an SSE error event) and
+// closes everything.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	s.ready.Store(false)
+	if s.stopWatch != nil {
+		s.stopWatch()
+	}
+	err := s.http.Shutdown(ctx)
+	if err != nil {
+		s.log.Warn("drain deadline passed; cancelling requests still in flight", "err", err)
+		s.cancelBase(errShutdown)
+		grace, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.http.Shutdown(grace)
+		cancel()
+		_ = s.http.Close()
+	}
+	s.cancelBase(errShutdown)
+	actx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = s.admin.Shutdown(actx)
+	cancel()
+	s.wg.Wait()
+	st := s.state.Load()
+	st.stop()
+	for _, cl := range st.clusters {
+		cl.Close()
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// Run starts the server and serves until ctx is done, then drains for the config's
+// drain_timeout.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	d := s.Config().DrainTimeout.D()
+	s.log.Info("draining", "deadline", d)
+	dctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return s.Shutdown(dctx)
+}
+
+// certReloader serves the listener's certificate, re-reading the files when they change
+// (checked at most once a second).
+type certReloader struct {
+	mu                sync.Mutex
+	certFile, keyFile string
+	cert              *tls.Certificate
+	stamp             [2]stamp
+	checked           time.Time
+	log               *slog.Logger
+}
+
+func (c *certReloader) set(certFile, keyFile string) {
+	c.mu.Lock()
+	c.certFile, c.keyFile, c.checked = certFile, keyFile, time.Time{}
+	c.mu.Unlock()
+}
+
+func (c *certReloader) get() (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if c.cert != nil && now.Sub(c.checked) < time.Second {
+		return c.cert, nil
+	}
+	c.checked = now
+	st := [2]stamp{fileStamp(c.certFile), fileStamp(c.keyFile)}
+	if c.cert != nil && st == c.stamp {
+		return c.cert, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+	if err != nil {
+		if c.cert != nil {
+			c.log.Error("TLS certificate reload failed; keeping the previous one", "err", err)
+			return c.cert, nil
+		}
+		return nil, fmt.Errorf("load TLS certificate: %w", err)
+	}
+	if c.cert != nil {
+		c.log.Info("TLS certificate reloaded", "cert", c.certFile)
+	}
+	c.cert, c.stamp = &cert, st
+	return c.cert, nil
+}

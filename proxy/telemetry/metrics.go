@@ -1,0 +1,401 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/semconv/v1.41.0/genaiconv"
+)
+
+// Histogram bucket boundaries. The GenAI ones are those the semantic
+// conventions recommend for each instrument.
+var (
+	durationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	tokenBuckets    = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
+	ttftBuckets     = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0}
+	tpotBuckets     = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}
+	overheadBuckets = []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1}
+	attemptBuckets  = []float64{1, 2, 3, 4, 5, 6, 8, 10}
+)
+
+// ProviderName is the gen_ai.provider.name Sluice reports: every upstream
+// speaks the OpenAI REST API, and the spec names the attribute after the API
+// flavour (the models behind it are told apart by gen_ai.request.model,
+// gen_ai.response.model and server.address).
+const ProviderName = "openai"
+
+// Attribute keys (as OpenTelemetry names them; Prometheus labels replace the
+// dots with underscores).
+const (
+	keyRoute            = attribute.Key("route")
+	keyCluster          = attribute.Key("cluster")
+	keyStatusCode       = attribute.Key("http.response.status_code")
+	keyErrorType        = attribute.Key("error.type")
+	keyResult           = attribute.Key("result")
+	keyVersion          = attribute.Key("version")
+	keyOperationName    = attribute.Key("gen_ai.operation.name")
+	keyProviderName     = attribute.Key("gen_ai.provider.name")
+	keyRequestModel     = attribute.Key("gen_ai.request.model")
+	keyResponseModel    = attribute.Key("gen_ai.response.model")
+	keyTokenType        = attribute.Key("gen_ai.token.type")
+	keyServerAddress    = attribute.Key("server.address")
+	keyServerPort       = attribute.Key("server.port")
+	keyInputTokens      = attribute.Key("gen_ai.usage.input_tokens")
+	keyOutputTokens     = attribute.Key("gen_ai.usage.output_tokens")
+	keyAttempt          = attribute.Key("sluice.attempt")
+	keyResendCount      = attribute.Key("http.request.resend_count")
+	keyRequestMethod    = attribute.Key("http.request.method")
+	keyURLPath          = attribute.Key("url.path")
+	keyRequestStream    = attribute.Key("gen_ai.request.stream")
+	keyTimeToFirstChunk = attribute.Key("gen_ai.response.time_to_first_chunk")
+	keySluiceRoute      = attribute.Key("sluice.route")
+	keySluiceCluster    = attribute.Key("sluice.cluster")
+	keySluiceEndpoint   = attribute.Key("sluice.endpoint")
+)
+
+// cacheLimit bounds each attribute cache; past it the cache is cleared and
+// refilled by the traffic that follows (the SDK's own cardinality limit, 2000
+// series per instrument, bounds the metrics themselves).
+const cacheLimit = 4096
+
+type instruments struct {
+	// GenAI semantic conventions.
+	opDuration genaiconv.ClientOperationDuration
+	tokenUsage genaiconv.ClientTokenUsage
+	ttft       genaiconv.ServerTimeToFirstToken
+	tpot       genaiconv.ServerTimePerOutputToken
+
+	// Sluice's own.
+	requests       metric.Int64Counter
+	inFlight       metric.Int64UpDownCounter
+	upstreamErrors metric.Int64Counter
+	overhead       metric.Float64Histogram
+	attempts       metric.Int64Histogram
+	reloads        metric.Int64Counter
+
+	lastReloadOK atomic.Int64 // unix nanoseconds; 0 = never
+	configInfo   atomic.Pointer[[]metric.ObserveOption]
+
+	reloadOK, reloadErr []metric.AddOption
+
+	reqCache      optCache[recordKey, *recordOpts]
+	inFlightCache optCache[string, []metric.AddOption]
+	upErrCache    optCache[[2]string, []metric.AddOption]
+	endpointCache optCache[string, hostPort]
+}
+
+func (in *instruments) init(m metric.Meter) error {
+	var err error
+	fail := func(name string, e error) error { return fmt.Errorf("telemetry: instrument %s: %w", name, e) }
+
+	if in.opDuration, err = genaiconv.NewClientOperationDuration(m, metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
+		return fail("gen_ai.client.operation.duration", err)
+	}
+	if in.tokenUsage, err = genaiconv.NewClientTokenUsage(m, metric.WithExplicitBucketBoundaries(tokenBuckets...)); err != nil {
+		return fail("gen_ai.client.token.usage", err)
+	}
+	if in.ttft, err = genaiconv.NewServerTimeToFirstToken(m, metric.WithExplicitBucketBoundaries(ttftBuckets...)); err != nil {
+		return fail("gen_ai.server.time_to_first_token", err)
+	}
+	if in.tpot, err = genaiconv.NewServerTimePerOutputToken(m, metric.WithExplicitBucketBoundaries(tpotBuckets...)); err != nil {
+		return fail("gen_ai.server.time_per_output_token", err)
+	}
+	if in.requests, err = m.Int64Counter("sluice.requests",
+		metric.WithDescription("Requests Sluice answered, by route, cluster, HTTP status and error class."),
+		metric.WithUnit("{request}")); err != nil {
+		return fail("sluice.requests", err)
+	}
+	if in.inFlight, err = m.Int64UpDownCounter("sluice.requests.in_flight",
+		metric.WithDescription("Requests in progress in Sluice, by route."),
+		metric.WithUnit("{request}")); err != nil {
+		return fail("sluice.requests.in_flight", err)
+	}
+	if in.upstreamErrors, err = m.Int64Counter("sluice.upstream.errors",
+		metric.WithDescription("Failed upstream attempts, by cluster and error class."),
+		metric.WithUnit("{error}")); err != nil {
+		return fail("sluice.upstream.errors", err)
+	}
+	if in.overhead, err = m.Float64Histogram("sluice.gateway.overhead",
+		metric.WithDescription("Time spent in Sluice itself per request, excluding the wait on the upstream."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(overheadBuckets...)); err != nil {
+		return fail("sluice.gateway.overhead", err)
+	}
+	if in.attempts, err = m.Int64Histogram("sluice.request.attempts",
+		metric.WithDescription("Upstream attempts per request (1 = no retry or fallback)."),
+		metric.WithUnit("{attempt}"),
+		metric.WithExplicitBucketBoundaries(attemptBuckets...)); err != nil {
+		return fail("sluice.request.attempts", err)
+	}
+	if in.reloads, err = m.Int64Counter("sluice.config.reloads",
+		metric.WithDescription("Configuration reloads, by result (ok or error)."),
+		metric.WithUnit("{reload}")); err != nil {
+		return fail("sluice.config.reloads", err)
+	}
+	lastOK, err := m.Float64ObservableGauge("sluice.config.last_reload_success_timestamp",
+		metric.WithDescription("Unix time of the last successful configuration load."),
+		metric.WithUnit("s"))
+	if err != nil {
+		return fail("sluice.config.last_reload_success_timestamp", err)
+	}
+	info, err := m.Int64ObservableGauge("sluice.config.info",
+		metric.WithDescription("Always 1; the version label is the configuration version in use."))
+	if err != nil {
+		return fail("sluice.config.info", err)
+	}
+	if _, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if ns := in.lastReloadOK.Load(); ns != 0 {
+			o.ObserveFloat64(lastOK, float64(ns)/1e9)
+		}
+		if opts := in.configInfo.Load(); opts != nil {
+			o.ObserveInt64(info, 1, *opts...)
+		}
+		return nil
+	}, lastOK, info); err != nil {
+		return fail("callback", err)
+	}
+
+	in.reloadOK = addOpts(attribute.NewSet(keyResult.String("ok")))
+	in.reloadErr = addOpts(attribute.NewSet(keyResult.String("error")))
+
+	in.reqCache.build = buildRecordOpts(in)
+	in.inFlightCache.build = func(route string) []metric.AddOption {
+		return addOpts(attribute.NewSet(keyRoute.String(route)))
+	}
+	in.upErrCache.build = func(k [2]string) []metric.AddOption {
+		return addOpts(attribute.NewSet(keyCluster.String(k[0]), keyErrorType.String(k[1])))
+	}
+	in.endpointCache.build = parseEndpoint
+	return nil
+}
+
+// RequestRecord is what the handler knows about one request once it ended.
+type RequestRecord struct {
+	Route, Cluster, Endpoint string
+	// Operation is gen_ai.operation.name: "chat", "text_completion",
+	// "embeddings", or "" for anything else (no GenAI metrics then).
+	Operation                   string
+	RequestModel, ResponseModel string
+	Stream                      bool
+	// Status is the HTTP status the client got (499 when it went away).
+	Status int
+	// ErrorClass is "" on success, else e.g. "client_cancel",
+	// "upstream_timeout", "ttft_timeout", "idle_timeout", "connect",
+	// "upstream_5xx", "upstream_4xx", "stream_cut", "no_endpoint",
+	// "bad_request", "too_large". It becomes error.type.
+	ErrorClass string
+	// Duration is the whole request as seen by the gateway.
+	Duration time.Duration
+	// TTFT is the time to the first token; 0 if none.
+	TTFT time.Duration
+	// TPOT is the mean time per output token after the first; 0 if fewer
+	// than 2 tokens.
+	TPOT time.Duration
+	// InputTokens and OutputTokens: 0 means unknown, not recorded.
+	InputTokens, OutputTokens int
+	// Overhead is the time spent in Sluice excluding the upstream wait.
+	Overhead time.Duration
+	// Attempts counts upstream attempts (0: none was made).
+	Attempts int
+}
+
+// recordKey is every RequestRecord field that becomes an attribute.
+type recordKey struct {
+	route, cluster, endpoint, op, reqModel, respModel, errClass string
+	status                                                      int
+}
+
+// recordOpts holds the pre-built option slices for one recordKey, so that a
+// RecordRequest with a known key allocates nothing of its own.
+type recordOpts struct {
+	requests   []metric.AddOption
+	duration   []metric.RecordOption // GenAI attributes + error.type
+	latency    []metric.RecordOption // GenAI attributes (TTFT, TPOT)
+	tokIn      []metric.RecordOption
+	tokOut     []metric.RecordOption
+	routeAttrs []metric.RecordOption // overhead, attempts
+}
+
+func buildRecordOpts(in *instruments) func(recordKey) *recordOpts {
+	return func(k recordKey) *recordOpts {
+		o := &recordOpts{}
+		req := []attribute.KeyValue{keyRoute.String(k.route), keyCluster.String(k.cluster), keyStatusCode.Int(k.status)}
+		if k.errClass != "" {
+			req = append(req, keyErrorType.String(k.errClass))
+		}
+		o.requests = addOpts(attribute.NewSet(req...))
+		o.routeAttrs = recordOptsOf(attribute.NewSet(keyRoute.String(k.route)))
+		if k.op == "" {
+			return o
+		}
+		g := make([]attribute.KeyValue, 0, 8)
+		g = append(g, keyOperationName.String(k.op), keyProviderName.String(ProviderName))
+		if k.reqModel != "" {
+			g = append(g, keyRequestModel.String(k.reqModel))
+		}
+		if k.respModel != "" {
+			g = append(g, keyResponseModel.String(k.respModel))
+		}
+		if hp := in.endpointCache.get(k.endpoint); hp.host != "" {
+			g = append(g, keyServerAddress.String(hp.host))
+			if hp.port != 0 {
+				g = append(g, keyServerPort.Int(hp.port))
+			}
+		}
+		o.latency = recordOptsOf(attribute.NewSet(g...))
+		o.tokIn = recordOptsOf(attribute.NewSet(append(g[:len(g):len(g)], keyTokenType.String(string(genaiconv.TokenTypeInput)))...))
+		o.tokOut = recordOptsOf(attribute.NewSet(append(g[:len(g):len(g)], keyTokenType.String(string(genaiconv.TokenTypeOutput)))...))
+		if k.errClass != "" {
+			o.duration = recordOptsOf(attribute.NewSet(append(g[:len(g):len(g)], keyErrorType.String(k.errClass))...))
+		} else {
+			o.duration = o.latency
+		}
+		return o
+	}
+}
+
+// RecordRequest records one finished request on every request metric. It is
+// meant to be called once per request, after it ended; with attribute values
+// seen before it does not allocate beyond what the SDK needs.
+//
+// GenAI metrics are recorded only when Operation is set. Time to first token
+// and time per output token are recorded only for successful requests (as
+// the conventions define them) and only when non-zero.
+func (t *Telemetry) RecordRequest(ctx context.Context, r RequestRecord) {
+	in := &t.inst
+	o := in.reqCache.get(recordKey{
+		route: r.Route, cluster: r.Cluster, endpoint: r.Endpoint, op: r.Operation,
+		reqModel: r.RequestModel, respModel: r.ResponseModel, errClass: r.ErrorClass, status: r.Status,
+	})
+	in.requests.Add(ctx, 1, o.requests...)
+	if r.Overhead > 0 {
+		in.overhead.Record(ctx, r.Overhead.Seconds(), o.routeAttrs...)
+	}
+	if r.Attempts > 0 {
+		in.attempts.Record(ctx, int64(r.Attempts), o.routeAttrs...)
+	}
+	if r.Operation == "" {
+		return
+	}
+	in.opDuration.Inst().Record(ctx, r.Duration.Seconds(), o.duration...)
+	if r.InputTokens > 0 {
+		in.tokenUsage.Inst().Record(ctx, int64(r.InputTokens), o.tokIn...)
+	}
+	if r.OutputTokens > 0 {
+		in.tokenUsage.Inst().Record(ctx, int64(r.OutputTokens), o.tokOut...)
+	}
+	if r.ErrorClass == "" {
+		if r.TTFT > 0 {
+			in.ttft.Inst().Record(ctx, r.TTFT.Seconds(), o.latency...)
+		}
+		if r.TPOT > 0 {
+			in.tpot.Inst().Record(ctx, r.TPOT.Seconds(), o.latency...)
+		}
+	}
+}
+
+// InFlight adds delta (+1 when a request starts, -1 when it ends) to the
+// in-flight gauge of route.
+func (t *Telemetry) InFlight(ctx context.Context, route string, delta int64) {
+	t.inst.inFlight.Add(ctx, delta, t.inst.inFlightCache.get(route)...)
+}
+
+// UpstreamError counts one failed upstream attempt of cluster, class being
+// the error class (the values of RequestRecord.ErrorClass).
+func (t *Telemetry) UpstreamError(ctx context.Context, cluster, class string) {
+	t.inst.upstreamErrors.Add(ctx, 1, t.inst.upErrCache.get([2]string{cluster, class})...)
+}
+
+// ConfigReload counts one configuration load by result; a success also sets
+// the last-success timestamp to now.
+func (t *Telemetry) ConfigReload(ctx context.Context, ok bool) {
+	if ok {
+		t.inst.lastReloadOK.Store(time.Now().UnixNano())
+		t.inst.reloads.Add(ctx, 1, t.inst.reloadOK...)
+		return
+	}
+	t.inst.reloads.Add(ctx, 1, t.inst.reloadErr...)
+}
+
+// SetConfigInfo sets the version label of the sluice_config_info gauge
+// (value 1); only the latest version is exported.
+func (t *Telemetry) SetConfigInfo(version string) {
+	opts := []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(keyVersion.String(version)))}
+	t.inst.configInfo.Store(&opts)
+}
+
+func addOpts(s attribute.Set) []metric.AddOption {
+	return []metric.AddOption{metric.WithAttributeSet(s)}
+}
+
+func recordOptsOf(s attribute.Set) []metric.RecordOption {
+	return []metric.RecordOption{metric.WithAttributeSet(s)}
+}
+
+// optCache memoizes build(key). Reads take a read lock only.
+type optCache[K comparable, V any] struct {
+	mu    sync.RWMutex
+	m     map[K]V
+	build func(K) V
+}
+
+func (c *optCache[K, V]) get(k K) V {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = c.build(k)
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= cacheLimit {
+		c.m = make(map[K]V)
+	}
+	c.m[k] = v
+	c.mu.Unlock()
+	return v
+}
+
+type hostPort struct {
+	host string
+	port int
+}
+
+// parseEndpoint splits an endpoint ("http://10.0.0.5:8000", "10.0.0.5:8000"
+// or a bare host) into server.address and server.port.
+func parseEndpoint(ep string) hostPort {
+	if ep == "" {
+		return hostPort{}
+	}
+	if strings.Contains(ep, "://") {
+		u, err := url.Parse(ep)
+		if err == nil && u.Host != "" {
+			hp := hostPort{host: u.Hostname()}
+			if p := u.Port(); p != "" {
+				hp.port, _ = strconv.Atoi(p)
+			} else {
+				switch u.Scheme {
+				case "http":
+					hp.port = 80
+				case "https":
+					hp.port = 443
+				}
+			}
+			return hp
+		}
+	}
+	if h, p, err := net.SplitHostPort(ep); err == nil {
+		n, _ := strconv.Atoi(p)
+		return hostPort{host: h, port: n}
+	}
+	return hostPort{host: ep}
+}

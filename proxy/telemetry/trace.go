@@ -1,0 +1,129 @@
+package telemetry
+
+import (
+	"context"
+	"net/http"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// StartServer starts the server span of an incoming request, child of the
+// W3C traceparent/tracestate in r's headers if any. Its name is
+// "<method> <route>" until the handler renames it "<operation> <model>"
+// (span.SetName) once the body is parsed.
+//
+// With tracing off it returns the context carrying the incoming span context
+// (if any) and a non-recording span: ending or renaming it does nothing, and
+// Inject on that context forwards the incoming traceparent unchanged.
+func (t *Telemetry) StartServer(ctx context.Context, r *http.Request, route string) (context.Context, trace.Span) {
+	ctx = t.prop.Extract(ctx, propagation.HeaderCarrier(r.Header))
+	if !t.tracing {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	name := r.Method
+	if route != "" {
+		name += " " + route
+	}
+	return t.tracer.Start(ctx, name,
+		trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(
+			keyRequestMethod.String(r.Method),
+			keyURLPath.String(r.URL.Path),
+			keySluiceRoute.String(route),
+		))
+}
+
+// StartClient starts the client span of one upstream attempt (attempt counts
+// from 1), named "<operation> <model>" as the GenAI conventions name
+// inference spans, with the GenAI request attributes. With tracing off it
+// returns ctx and its (non-recording) span unchanged.
+func (t *Telemetry) StartClient(ctx context.Context, operation, model, cluster, endpoint string, attempt int) (context.Context, trace.Span) {
+	if !t.tracing {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	name := operation
+	switch {
+	case name == "":
+		name = "upstream"
+		if model != "" {
+			name += " " + model
+		}
+	case model != "":
+		name += " " + model
+	}
+	attrs := make([]attribute.KeyValue, 0, 10)
+	if operation != "" {
+		attrs = append(attrs, keyOperationName.String(operation))
+	}
+	attrs = append(attrs, keyProviderName.String(ProviderName))
+	if model != "" {
+		attrs = append(attrs, keyRequestModel.String(model))
+	}
+	if hp := t.inst.endpointCache.get(endpoint); hp.host != "" {
+		attrs = append(attrs, keyServerAddress.String(hp.host))
+		if hp.port != 0 {
+			attrs = append(attrs, keyServerPort.Int(hp.port))
+		}
+	}
+	attrs = append(attrs, keySluiceCluster.String(cluster), keySluiceEndpoint.String(endpoint), keyAttempt.Int(attempt))
+	if attempt > 1 {
+		attrs = append(attrs, keyResendCount.Int(attempt-1))
+	}
+	return t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
+// Inject writes the traceparent (and tracestate, if any) of ctx's span into
+// h, the upstream request's headers, replacing any forwarded ones. Pass the
+// context from StartClient, or from StartServer: with tracing off that
+// context holds the incoming span context, so the incoming traceparent is
+// propagated unchanged; with no incoming one, nothing is written.
+func (t *Telemetry) Inject(ctx context.Context, h http.Header) {
+	h.Del("Traceparent")
+	h.Del("Tracestate")
+	t.prop.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// callerFault lists the error classes caused by the caller, not by Sluice or
+// an upstream: they set error.type but leave the span status unset.
+var callerFault = map[string]bool{"client_cancel": true, "bad_request": true, "too_large": true}
+
+// SetGenAIResult sets a request's outcome on span (server or client):
+// gen_ai.usage.input_tokens and gen_ai.usage.output_tokens (when known),
+// gen_ai.response.model, http.response.status_code, gen_ai.request.stream,
+// gen_ai.response.time_to_first_chunk (streams), error.type, and the span status: Error with the error class as its
+// description, unless the class is the caller's fault (client_cancel,
+// bad_request, too_large). A non-recording span costs nothing.
+func SetGenAIResult(span trace.Span, r RequestRecord) {
+	if !span.IsRecording() {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, 7)
+	if r.InputTokens > 0 {
+		attrs = append(attrs, keyInputTokens.Int(r.InputTokens))
+	}
+	if r.OutputTokens > 0 {
+		attrs = append(attrs, keyOutputTokens.Int(r.OutputTokens))
+	}
+	if r.ResponseModel != "" {
+		attrs = append(attrs, keyResponseModel.String(r.ResponseModel))
+	}
+	if r.Status != 0 {
+		attrs = append(attrs, keyStatusCode.Int(r.Status))
+	}
+	if r.Operation == "chat" || r.Operation == "text_completion" {
+		attrs = append(attrs, keyRequestStream.Bool(r.Stream))
+	}
+	if r.Stream && r.TTFT > 0 {
+		attrs = append(attrs, keyTimeToFirstChunk.Float64(r.TTFT.Seconds()))
+	}
+	if r.ErrorClass != "" {
+		attrs = append(attrs, keyErrorType.String(r.ErrorClass))
+	}
+	span.SetAttributes(attrs...)
+	if r.ErrorClass != "" && !callerFault[r.ErrorClass] {
+		span.SetStatus(codes.Error, r.ErrorClass)
+	}
+}

@@ -1,0 +1,317 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+func TestCopyHeaders(t *testing.T) {
+	tests := []struct {
+		name string
+		src  http.Header
+		dst  http.Header // before the copy
+		want http.Header
+	}{
+		{
+			name: "end-to-end headers are copied",
+			src:  http.Header{"Content-Type": {"application/json"}, "X-Custom": {"a", "b"}},
+			want: http.Header{"Content-Type": {"application/json"}, "X-Custom": {"a", "b"}},
+		},
+		{
+			name: "hop-by-hop headers are dropped",
+			src: http.Header{
+				"Connection": {"keep-alive"}, "Proxy-Connection": {"keep-alive"}, "Keep-Alive": {"timeout=5"},
+				"Proxy-Authenticate": {"Basic"}, "Proxy-Authorization": {"Basic Zm9v"}, "Te": {"trailers"},
+				"Trailer": {"X-T"}, "Transfer-Encoding": {"chunked"}, "Upgrade": {"websocket"},
+				"Authorization": {"Bearer k"},
+			},
+			want: http.Header{"Authorization": {"Bearer k"}},
+		},
+		{
+			name: "headers named in Connection are dropped, any case, several values",
+			src: http.Header{
+				"Connection": {"X-Foo, x-bar", " ,x-BAZ "},
+				"X-Foo":      {"1"}, "X-Bar": {"2"}, "X-Baz": {"3"}, "X-Keep": {"4"},
+			},
+			want: http.Header{"X-Keep": {"4"}},
+		},
+		{
+			name: "existing values are replaced, others kept",
+			src:  http.Header{"X-A": {"new"}},
+			dst:  http.Header{"X-A": {"old"}, "X-Request-Id": {"id"}},
+			want: http.Header{"X-A": {"new"}, "X-Request-Id": {"id"}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dst := tt.dst
+			if dst == nil {
+				dst = http.Header{}
+			}
+			srcCopy := tt.src.Clone()
+			copyHeaders(dst, tt.src)
+			if !headersEqual(dst, tt.want) {
+				t.Errorf("got %v, want %v", dst, tt.want)
+			}
+			if !headersEqual(tt.src, srcCopy) {
+				t.Errorf("source modified: %v, was %v", tt.src, srcCopy)
+			}
+		})
+	}
+}
+
+// TestCopyHeadersNoAliasing: the destination must not share a backing array with the
+// source, or appending to one header set would write into the other.
+func TestCopyHeadersNoAliasing(t *testing.T) {
+	src := http.Header{"X-A": make([]string, 1, 4)}
+	src["X-A"][0] = "a"
+	dst := http.Header{}
+	copyHeaders(dst, src)
+	dst.Add("X-A", "b")
+	src.Add("X-A", "c")
+	if got := dst.Values("X-A"); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("dst X-A = %v, want [a b]", got)
+	}
+}
+
+func headersEqual(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+// waitCause waits (boundedly) for ctx to end and returns its cause.
+func waitCause(t *testing.T, ctx context.Context) error {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(10 * time.Second):
+		t.Fatal("watchdog did not fire within 10s")
+		return nil
+	}
+}
+
+func TestWatchdog(t *testing.T) {
+	const d = 20 * time.Millisecond
+	t.Run("no first byte is a TTFT time-out", func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		wd := startWatchdog(d, time.Hour, cancel)
+		defer wd.stop()
+		if got := waitCause(t, ctx); !errors.Is(got, errTTFTTimeout) {
+			t.Fatalf("cause = %v, want errTTFTTimeout", got)
+		}
+		if c := causeClass(ctx); c != classTTFTTimeout {
+			t.Fatalf("class = %q, want %q", c, classTTFTTimeout)
+		}
+	})
+	t.Run("silence after a beat is an idle time-out", func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		wd := startWatchdog(time.Hour, d, cancel)
+		defer wd.stop()
+		wd.beat()
+		if got := waitCause(t, ctx); !errors.Is(got, errIdleTimeout) {
+			t.Fatalf("cause = %v, want errIdleTimeout", got)
+		}
+		if c := causeClass(ctx); c != classIdleTimeout {
+			t.Fatalf("class = %q, want %q", c, classIdleTimeout)
+		}
+	})
+	t.Run("idle time-out without a TTFT time-out", func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		wd := startWatchdog(0, d, cancel)
+		defer wd.stop()
+		wd.beat()
+		if got := waitCause(t, ctx); !errors.Is(got, errIdleTimeout) {
+			t.Fatalf("cause = %v, want errIdleTimeout", got)
+		}
+	})
+	t.Run("beats keep it from firing", func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		// Beats every 5ms against a 1s idle time-out: nothing fires however slow the machine.
+		wd := startWatchdog(time.Second, time.Second, cancel)
+		for range 20 {
+			wd.beat()
+			time.Sleep(5 * time.Millisecond)
+		}
+		wd.stop()
+		if ctx.Err() != nil {
+			t.Fatalf("fired despite beats: %v", context.Cause(ctx))
+		}
+	})
+	t.Run("stop and no idle time-out disarm it", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			idle time.Duration
+			run  func(*watchdog)
+		}{
+			{"stop before the first byte", time.Hour, func(w *watchdog) { w.stop() }},
+			{"beat with idle 0", 0, func(w *watchdog) { w.beat() }},
+		} {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			wd := startWatchdog(d, tc.idle, cancel)
+			tc.run(wd)
+			time.Sleep(5 * d)
+			if ctx.Err() != nil {
+				t.Errorf("%s: fired: %v", tc.name, context.Cause(ctx))
+			}
+			wd.stop()
+			cancel(nil)
+		}
+	})
+	t.Run("zero time-outs never fire", func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		wd := startWatchdog(0, 0, cancel)
+		wd.beat()
+		wd.beat()
+		wd.stop()
+		time.Sleep(2 * d)
+		if ctx.Err() != nil {
+			t.Fatalf("fired: %v", context.Cause(ctx))
+		}
+	})
+}
+
+func TestClassError(t *testing.T) {
+	tests := []struct {
+		class      string
+		status     int
+		typ        string
+		code       string
+		retryAfter time.Duration
+	}{
+		{classClientCancel, statusClientClosed, "invalid_request_error", classClientCancel, 0},
+		{classTTFTTimeout, http.StatusGatewayTimeout, "timeout_error", classTTFTTimeout, 0},
+		{classIdleTimeout, http.StatusGatewayTimeout, "timeout_error", classIdleTimeout, 0},
+		{classTimeout, http.StatusGatewayTimeout, "timeout_error", classTimeout, 0},
+		{classNoEndpoint, http.StatusServiceUnavailable, "server_error", classNoEndpoint, 3 * time.Second},
+		{classShutdown, http.StatusServiceUnavailable, "server_error", classShutdown, time.Second},
+		{classConnect, http.StatusBadGateway, "server_error", classConnect, 0},
+		{classStreamCut, http.StatusBadGateway, "server_error", classStreamCut, 0},
+		{classEmptyResponse, http.StatusBadGateway, "server_error", classEmptyResponse, 0},
+		{classUpstreamError, http.StatusBadGateway, "server_error", classUpstreamError, 0},
+		{"something-new", http.StatusBadGateway, "server_error", classUpstreamError, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.class, func(t *testing.T) {
+			e := classError(tt.class, 3*time.Second)
+			if e.Status != tt.status || e.Type != tt.typ || e.Code != tt.code {
+				t.Errorf("classError(%q) = %d %s %s, want %d %s %s", tt.class, e.Status, e.Type, e.Code, tt.status, tt.typ, tt.code)
+			}
+			if e.RetryAfter != tt.retryAfter {
+				t.Errorf("RetryAfter = %v, want %v", e.RetryAfter, tt.retryAfter)
+			}
+			if e.Message == "" {
+				t.Error("empty message")
+			}
+			// The body is OpenAI's error shape.
+			if b := string(e.Body()); !strings.HasPrefix(b, `{"error":{"message":`) || !strings.Contains(b, `"code":"`+tt.code+`"`) {
+				t.Errorf("body = %s", b)
+			}
+		})
+	}
+}
+
+func TestCauseClass(t *testing.T) {
+	tests := []struct {
+		cause error
+		want  string
+	}{
+		{errTTFTTimeout, classTTFTTimeout},
+		{errIdleTimeout, classIdleTimeout},
+		{errTotalTimeout, classTimeout},
+		{errShutdown, classShutdown},
+		{errClientWrite, classClientCancel},
+		{nil, classClientCancel}, // plain cancel: the client went away
+		{context.DeadlineExceeded, classClientCancel},
+	}
+	for _, tt := range tests {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(tt.cause)
+		if got := causeClass(ctx); got != tt.want {
+			t.Errorf("causeClass(%v) = %q, want %q", tt.cause, got, tt.want)
+		}
+	}
+	// The cause of a parent reaches the attempt's context (the drain deadline).
+	parent, cancelParent := context.WithCancelCause(context.Background())
+	child, cancelChild := context.WithCancelCause(parent)
+	defer cancelChild(nil)
+	cancelParent(errShutdown)
+	if got := causeClass(child); got != classShutdown {
+		t.Errorf("child of a shut-down parent: %q, want %q", got, classShutdown)
+	}
+	if got := transportClass(context.Background()); got != classConnect {
+		t.Errorf("transportClass(live ctx) = %q, want %q", got, classConnect)
+	}
+	if got := transportClass(child); got != classShutdown {
+		t.Errorf("transportClass(shut-down ctx) = %q, want %q", got, classShutdown)
+	}
+}
+
+func TestReadBounded(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789"), 2000) // 20000 bytes: several buffer growths
+	boom := errors.New("boom")
+	tests := []struct {
+		name         string
+		r            io.Reader
+		limit        int
+		wantBody     []byte
+		wantComplete bool
+		wantErr      error
+		wantBeat     bool
+	}{
+		{"empty", bytes.NewReader(nil), 100, []byte{}, true, nil, false},
+		{"small", strings.NewReader("hello"), 100, []byte("hello"), true, nil, true},
+		{"one byte at a time", iotest.OneByteReader(strings.NewReader("hello")), 100, []byte("hello"), true, nil, true},
+		{"data with EOF", iotest.DataErrReader(strings.NewReader("hello")), 100, []byte("hello"), true, nil, true},
+		{"large, under the limit", bytes.NewReader(big), len(big) + 1, big, true, nil, true},
+		{"over the limit", bytes.NewReader(big), 5000, big[:5000], false, nil, true},
+		{"over a small limit", strings.NewReader("hello world"), 5, []byte("hello"), false, nil, true},
+		{"read error", io.MultiReader(strings.NewReader("part"), iotest.ErrReader(boom)), 100, nil, false, boom, true},
+		{"timeout error", iotest.TimeoutReader(strings.NewReader("hello")), 100, nil, false, iotest.ErrTimeout, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			wd := startWatchdog(0, time.Hour, cancel)
+			defer wd.stop()
+			var res result
+			body, complete, err := readBounded(tt.r, tt.limit, wd, &res)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if err == nil && !bytes.Equal(body, tt.wantBody) {
+				t.Errorf("body = %d bytes %.40q, want %d bytes %.40q", len(body), body, len(tt.wantBody), tt.wantBody)
+			}
+			if complete != tt.wantComplete {
+				t.Errorf("complete = %v, want %v", complete, tt.wantComplete)
+			}
+			if len(body) > tt.limit {
+				t.Errorf("read %d bytes past the limit %d", len(body), tt.limit)
+			}
+			if got := wd.started.Load(); got != tt.wantBeat {
+				t.Errorf("watchdog beaten = %v, want %v", got, tt.wantBeat)
+			}
+		})
+	}
+}

@@ -1,0 +1,416 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrNoHealthyEndpoint is returned by Pick when every endpoint of the cluster is unhealthy
+// by active health checks. The gateway maps it to 503.
+var ErrNoHealthyEndpoint = errors.New("upstream: no healthy endpoint")
+
+// Cluster is a named set of endpoints with one shared transport. Build it with NewCluster,
+// optionally Inherit the cluster it replaces, then Start it; Close it when it is retired.
+type Cluster struct {
+	name      string
+	opts      Options // with defaults applied
+	clock     Clock
+	log       *slog.Logger
+	endpoints []*Endpoint
+	hcEnabled bool
+	odEnabled bool
+
+	rr atomic.Uint64 // round-robin among ties
+
+	ejectMu sync.Mutex // serialises ejection decisions (the MaxEjectionPercent count)
+
+	tkey      transportKey
+	transport *sharedTransport
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// NewCluster validates opts, applies defaults and builds the cluster and its transport.
+// It starts nothing: call Start for active health checks.
+func NewCluster(opts Options) (*Cluster, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	o := opts.withDefaults()
+	o.Endpoints = append([]EndpointSpec(nil), o.Endpoints...)
+	c := &Cluster{
+		name:      o.Name,
+		opts:      o,
+		clock:     o.Clock,
+		log:       o.Logger.With("cluster", o.Name),
+		hcEnabled: o.HealthCheck.Interval > 0,
+		odEnabled: o.Outlier.ConsecutiveFailures > 0,
+	}
+	anyTLS := false
+	c.endpoints = make([]*Endpoint, len(o.Endpoints))
+	for i, spec := range o.Endpoints {
+		u, _ := parseEndpointURL(spec.URL) // validated above
+		if u.Scheme == "https" {
+			anyTLS = true
+		}
+		w := spec.Weight
+		if w == 0 {
+			w = DefaultWeight
+		}
+		c.endpoints[i] = &Endpoint{
+			cluster:    c,
+			url:        u,
+			key:        endpointKey(u),
+			raw:        spec.URL,
+			metricsURL: spec.MetricsURL,
+			healthURL:  healthURL(u, o.HealthCheck.Path),
+			weight:     int64(w),
+			st:         newEndpointState(),
+		}
+	}
+	t, key, err := newTransport(o, anyTLS)
+	if err != nil {
+		return nil, err
+	}
+	c.tkey = key
+	c.transport = &sharedTransport{t: t}
+	c.transport.refs.Store(1)
+	return c, nil
+}
+
+func healthURL(u *url.URL, path string) string {
+	return u.Scheme + "://" + u.Host + path
+}
+
+// Name returns the cluster's name.
+func (c *Cluster) Name() string { return c.name }
+
+// Endpoints returns the cluster's endpoints in configuration order. The slice is shared:
+// the caller must not modify it.
+func (c *Cluster) Endpoints() []*Endpoint { return c.endpoints }
+
+// Transport returns the cluster's shared transport (see newTransport for its settings).
+func (c *Cluster) Transport() http.RoundTripper { return c.transport.t }
+
+// usable is Available without the time.Time conversion: the hot-path check of Pick.
+func (c *Cluster) usable(s *endpointState, now int64) bool {
+	if c.hcEnabled && !s.healthy.Load() {
+		return false
+	}
+	if c.odEnabled && now < s.ejectedUntil.Load() {
+		return false
+	}
+	return true
+}
+
+// Pick returns the available endpoint with the least in-flight requests relative to its
+// weight, skipping exclude (may be nil; matched by URL state, so an endpoint of the cluster
+// this one replaced also counts) when any other endpoint is available. See the package doc
+// for tie-breaking and panic mode. Pick is O(len(endpoints)) and does not allocate; it does
+// not count the request in flight: call Begin (or Acquire) on the result.
+func (c *Cluster) Pick(exclude *Endpoint) (*Endpoint, error) {
+	now := c.clock.Now().UnixNano()
+	var ex *endpointState
+	if exclude != nil {
+		ex = exclude.st
+	}
+	var (
+		best         *Endpoint
+		bestL, bestW int64
+		ties         int
+		exAvail      *Endpoint
+	)
+	for _, e := range c.endpoints {
+		if !c.usable(e.st, now) {
+			continue
+		}
+		if e.st == ex {
+			exAvail = e
+			continue
+		}
+		l, w := max(e.st.inFlight.Load(), 0), e.weight
+		if best == nil {
+			best, bestL, bestW, ties = e, l, w, 1
+			continue
+		}
+		// Compare (l+1)/w with (bestL+1)/bestW without dividing.
+		a, b := (l+1)*bestW, (bestL+1)*w
+		switch {
+		case a < b || (a == b && w > bestW):
+			best, bestL, bestW, ties = e, l, w, 1
+		case l == bestL && w == bestW:
+			ties++
+		}
+	}
+	if best != nil {
+		if ties > 1 {
+			best = c.nthTie(now, ex, bestL, bestW, ties, best)
+		}
+		return best, nil
+	}
+	if exAvail != nil {
+		return exAvail, nil
+	}
+	return c.panicPick(ex)
+}
+
+// nthTie picks among endpoints tied at (l, w) round-robin. In-flight counts may move between
+// the two passes; if the chosen tie is gone, the first pass's winner stands.
+func (c *Cluster) nthTie(now int64, ex *endpointState, l, w int64, ties int, fallback *Endpoint) *Endpoint {
+	k := int(c.rr.Add(1) % uint64(ties))
+	for _, e := range c.endpoints {
+		if e.st == ex || e.weight != w || !c.usable(e.st, now) || max(e.st.inFlight.Load(), 0) != l {
+			continue
+		}
+		if k == 0 {
+			return e
+		}
+		k--
+	}
+	return fallback
+}
+
+// panicPick runs when no endpoint is available: among endpoints healthy by active checks
+// (all of them ejected, then) it returns the one whose ejection ends soonest, preferring
+// any endpoint over exclude.
+func (c *Cluster) panicPick(ex *endpointState) (*Endpoint, error) {
+	var best, exBest *Endpoint
+	var bestUntil int64
+	for _, e := range c.endpoints {
+		if c.hcEnabled && !e.st.healthy.Load() {
+			continue
+		}
+		if e.st == ex {
+			exBest = e
+			continue
+		}
+		if until := e.st.ejectedUntil.Load(); best == nil || until < bestUntil {
+			best, bestUntil = e, until
+		}
+	}
+	switch {
+	case best != nil:
+		return best, nil
+	case exBest != nil:
+		return exBest, nil
+	}
+	return nil, ErrNoHealthyEndpoint
+}
+
+// maybeEject runs when e reached the consecutive-failure threshold. It resets the count,
+// and ejects e unless it is already ejected or MaxEjectionPercent forbids it.
+func (c *Cluster) maybeEject(e *Endpoint) {
+	c.ejectMu.Lock()
+	defer c.ejectMu.Unlock()
+	s := e.st
+	if s.consecutive.Load() < int64(c.opts.Outlier.ConsecutiveFailures) {
+		return // a concurrent Report handled this run of failures, or a success intervened
+	}
+	s.consecutive.Store(0)
+	now := c.clock.Now().UnixNano()
+	if now < s.ejectedUntil.Load() {
+		return // already ejected: failures of requests still in flight
+	}
+	ejected := 0
+	for _, o := range c.endpoints {
+		if now < o.st.ejectedUntil.Load() {
+			ejected++
+		}
+	}
+	if 100*(ejected+1) > c.opts.Outlier.MaxEjectionPercent*len(c.endpoints) {
+		c.log.Warn("upstream: ejection skipped: max ejection percent reached",
+			"endpoint", e.raw, "ejected", ejected, "endpoints", len(c.endpoints),
+			"max_ejection_percent", c.opts.Outlier.MaxEjectionPercent)
+		return
+	}
+
+	od := c.opts.Outlier
+	base, maxE := int64(od.BaseEjection), int64(od.MaxEjection)
+	s.mu.Lock()
+	if last := s.ejectedUntil.Load(); last != 0 && now > last {
+		// Envoy lowers the multiplier by one each interval the host stays in service.
+		s.multiplier = max(s.multiplier-(now-last)/int64(od.DecayInterval), 0)
+	}
+	if s.multiplier*base < maxE+base {
+		s.multiplier++
+	}
+	d := min(base*s.multiplier, maxE)
+	s.timesEjected++
+	times := s.timesEjected
+	s.ejectedUntil.Store(now + d)
+	s.mu.Unlock()
+
+	c.log.Warn("upstream: endpoint ejected", "endpoint", e.raw,
+		"for", time.Duration(d), "times_ejected", times)
+}
+
+// Snapshot returns the status of every endpoint, in configuration order.
+func (c *Cluster) Snapshot() []EndpointStatus {
+	now := c.clock.Now().UnixNano()
+	out := make([]EndpointStatus, len(c.endpoints))
+	for i, e := range c.endpoints {
+		out[i] = e.status(now)
+	}
+	return out
+}
+
+// Inherit makes c continue the state of old: every endpoint of c whose URL (ignoring a
+// trailing slash and host case) is also in old shares old's endpoint state (in-flight count,
+// health, ejection and multiplier, counters). When the transport settings are unchanged, c
+// also shares old's transport and its pooled connections. Call Inherit before Start and
+// before c is used; old keeps serving until it is closed. A nil old is a no-op.
+func (c *Cluster) Inherit(old *Cluster) {
+	if old == nil || old == c {
+		return
+	}
+	c.mu.Lock()
+	started := c.started || c.closed
+	c.mu.Unlock()
+	if started {
+		panic("upstream: Inherit called after Start or Close")
+	}
+	byKey := make(map[string]*endpointState, len(old.endpoints))
+	for _, e := range old.endpoints {
+		byKey[e.key] = e.st
+	}
+	carried := 0
+	for _, e := range c.endpoints {
+		if st, ok := byKey[e.key]; ok {
+			e.st = st
+			carried++
+		}
+	}
+	if c.tkey == old.tkey && c.transport != old.transport && old.transport.acquire() {
+		c.transport.release()
+		c.transport = old.transport
+	}
+	c.log.Debug("upstream: inherited endpoint state", "from", old.name, "endpoints", carried,
+		"shared_transport", c.transport == old.transport)
+}
+
+// Start starts active health checking (if HealthCheck.Interval > 0): one goroutine per
+// endpoint, owned by the cluster, stopped when ctx is done or Close is called. Start after
+// Start or Close does nothing.
+func (c *Cluster) Start(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started || c.closed {
+		return
+	}
+	c.started = true
+	if !c.hcEnabled {
+		return
+	}
+	ctx, c.cancel = context.WithCancel(ctx)
+	for _, e := range c.endpoints {
+		c.wg.Add(1)
+		go c.healthLoop(ctx, e)
+	}
+}
+
+// Close stops health checks and waits for them to end, then releases the transport: its idle
+// connections are closed once no cluster uses it. Requests in flight are not interrupted.
+// Close is safe to call more than once.
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.wg.Wait()
+		return
+	}
+	c.closed = true
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.mu.Unlock()
+	c.wg.Wait()
+	c.transport.release()
+}
+
+// sharedTransport is a transport used by one cluster and the clusters that inherited it.
+type sharedTransport struct {
+	t    *http.Transport
+	refs atomic.Int64
+}
+
+func (s *sharedTransport) acquire() bool {
+	for {
+		n := s.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if s.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func (s *sharedTransport) release() {
+	if s.refs.Add(-1) == 0 {
+		s.t.CloseIdleConnections()
+	}
+}
+
+// transportKey holds every option the transport is built from; equal keys may share one.
+type transportKey struct {
+	connect    time.Duration
+	maxIdle    int
+	serverName string
+	insecure   bool
+	caPEM      string
+	anyTLS     bool
+}
+
+// newTransport builds the cluster's transport: dial and TLS handshake bounded by
+// ConnectTimeout, TCP keep-alive, a keep-alive pool of MaxIdleConnsPerHost per endpoint,
+// HTTP/1.1 (HTTP/2 attempted via ALPN only when some endpoint is https), no proxy from the
+// environment, no transparent compression (bytes are relayed as they are) and no
+// response-header timeout (the gateway enforces time to first token itself).
+func newTransport(o Options, anyTLS bool) (*http.Transport, transportKey, error) {
+	key := transportKey{
+		connect:    o.ConnectTimeout,
+		maxIdle:    o.MaxIdleConnsPerHost,
+		serverName: o.TLS.ServerName,
+		insecure:   o.TLS.InsecureSkipVerify,
+		anyTLS:     anyTLS,
+	}
+	tlsConf := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         o.TLS.ServerName,
+		InsecureSkipVerify: o.TLS.InsecureSkipVerify, // explicit opt-in
+	}
+	if o.TLS.CAFile != "" {
+		pool, pem, err := loadCA(o.TLS.CAFile)
+		if err != nil {
+			return nil, key, err
+		}
+		tlsConf.RootCAs = pool
+		key.caPEM = string(pem)
+	}
+	dialer := &net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           dialContext(dialer),
+		TLSClientConfig:       tlsConf,
+		TLSHandshakeTimeout:   o.ConnectTimeout,
+		ForceAttemptHTTP2:     anyTLS,
+		DisableCompression:    true,
+		MaxIdleConns:          0, // no global limit; the per-host limit applies
+		MaxIdleConnsPerHost:   o.MaxIdleConnsPerHost,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+	}
+	return t, key, nil
+}

@@ -1,0 +1,76 @@
+// Package upstream holds the clusters the gateway sends requests to: their endpoints, the
+// health of each endpoint, how many requests each has in flight, and the HTTP transport that
+// carries requests to them.
+//
+// # The picture
+//
+//	Options ──Validate──► NewCluster ──(Inherit old)──► Start ──► Pick ─► Begin/End ─► Report
+//	                                                                 ▲                     │
+//	                    active health checks (one goroutine per      │                     │
+//	                    endpoint, owned by the cluster) ─► healthy ──┘   outlier ejection ◄┘
+//
+// A [Cluster] is built from [Options] and is immutable apart from the per-endpoint state
+// (in-flight count, health, ejection, counters), which is all atomic or behind small locks.
+// The gateway asks [Cluster.Pick] for an endpoint, brackets the request with
+// [Endpoint.Begin]/[Endpoint.End] (or [Endpoint.Acquire]), sends it with
+// [Cluster.Transport], and tells the endpoint how it went with [Endpoint.Report].
+//
+// # Picking (weighted least request)
+//
+// Pick scans every endpoint once (O(n), no allocation) and returns the available endpoint
+// with the least in-flight requests relative to its weight: endpoint a beats b when
+// (inflight(a)+1)/weight(a) < (inflight(b)+1)/weight(b). With equal weights (the default,
+// 1) this is plain least in-flight. Equal normalised load goes to the higher weight; a
+// remaining tie (same in-flight, same weight) is broken round-robin. The endpoint passed as
+// exclude (the one that just failed) is skipped when any other endpoint is available.
+//
+// An endpoint is available when it is healthy by active checks (or active checking is off)
+// and not ejected by outlier detection (or outlier detection is off).
+//
+// Panic mode, after Envoy's panic threshold but narrower: when no endpoint is available but
+// some are healthy by active checks and merely ejected, Pick returns the one whose ejection
+// ends soonest (still honouring exclude where it can), because sending to a possibly bad
+// endpoint beats failing every request. Pick returns [ErrNoHealthyEndpoint] only when every
+// endpoint is unhealthy by active health checks.
+//
+// # Active health checks
+//
+// With HealthCheck.Interval > 0, [Cluster.Start] checks every endpoint each Interval with
+// GET scheme://host + HealthCheck.Path (the endpoint URL's own path is not used), with
+// HealthCheck.Timeout; 2xx is a success, anything else (including redirects and transport
+// errors) a failure. An endpoint starts healthy (optimistic, as Envoy without
+// initial-health-check gating): UnhealthyThreshold consecutive failures mark it unhealthy and
+// HealthyThreshold consecutive successes mark it healthy again. Transitions are logged on
+// Options.Logger. A successful active check does not end an outlier ejection (Envoy's
+// successful_active_health_check_uneject_host is not followed: a model server's /health
+// often answers 200 while generation fails).
+//
+// # Outlier detection (passive)
+//
+// [Endpoint.Report] takes the caller's verdict on each request: a failure is a connect error,
+// a 5xx, or a response cut mid-stream; client cancellations are not reported at all. After
+// Outlier.ConsecutiveFailures failures in a row the endpoint is ejected, and the consecutive
+// count is reset whether or not the ejection was allowed (as Envoy does). A success resets
+// the count. The ejection lasts BaseEjection × m, capped at MaxEjection, where m is the
+// ejection multiplier: it grows by one with each ejection (while BaseEjection × m is below
+// MaxEjection + BaseEjection) and, as in Envoy, shrinks by one for each full DecayInterval
+// the endpoint has spent back in service since its last ejection ended. Expiry is checked
+// lazily against the [Clock] at Pick time; no timer goroutine exists.
+//
+// MaxEjectionPercent follows Envoy's rule: an ejection is allowed only when
+// 100 × (ejected now + 1) ≤ MaxEjectionPercent × len(endpoints). With the default of 50 a
+// cluster of two or more endpoints can always eject at least one; a single-endpoint cluster
+// is never ejected unless MaxEjectionPercent is 100 (and then panic mode still routes to it).
+//
+// # Reloads
+//
+// On a config reload the gateway builds new clusters with [NewCluster] and calls
+// [Cluster.Inherit] with the old cluster of the same name before Start. Endpoints whose URL is
+// unchanged share their state with the old cluster's endpoints (in-flight count, health,
+// ejection and multiplier, counters), so a reload resets neither outlier state nor in-flight
+// accounting, and requests still running on the old cluster release their in-flight count on
+// the shared state. When the transport settings are unchanged the new cluster also shares the
+// old cluster's connection pool (reference counted). Closing the old cluster then stops only
+// its health checks; idle connections are closed when the last cluster using the transport
+// is closed.
+package upstream

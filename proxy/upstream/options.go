@@ -1,0 +1,264 @@
+package upstream
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults applied by NewCluster to zero-valued options.
+const (
+	DefaultConnectTimeout      = 2 * time.Second
+	DefaultMaxIdleConnsPerHost = 256
+	DefaultHealthPath          = "/health"
+	DefaultHealthTimeout       = 1 * time.Second
+	DefaultUnhealthyThreshold  = 3
+	DefaultHealthyThreshold    = 2
+	DefaultBaseEjection        = 30 * time.Second  // Envoy's base_ejection_time
+	DefaultMaxEjection         = 300 * time.Second // Envoy's max_ejection_time
+	DefaultMaxEjectionPercent  = 50                // Envoy's is 10
+	DefaultDecayInterval       = 10 * time.Second  // Envoy's outlier interval
+	DefaultWeight              = 1
+	MaxWeight                  = 10000
+)
+
+// Clock is the time source; tests inject a fake. Only Now is needed: ejection expiry is
+// checked lazily against it.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// EndpointSpec is one endpoint of a cluster as configured.
+type EndpointSpec struct {
+	URL        string // base URL, http or https, no user info, query or fragment
+	MetricsURL string // optional model-server metrics URL (scraped by package gpu)
+	Weight     int    // relative capacity, 1..MaxWeight; 0 means DefaultWeight
+}
+
+// HealthCheck configures active health checking. A zero Interval disables it.
+type HealthCheck struct {
+	Path               string        // request path (may carry a query) on the endpoint's host; default "/health"
+	Interval           time.Duration // time between checks of one endpoint; 0 disables active checks
+	Timeout            time.Duration // per check; default 1s
+	UnhealthyThreshold int           // consecutive failures to mark unhealthy; default 3
+	HealthyThreshold   int           // consecutive successes to mark healthy again; default 2
+}
+
+// Outlier configures passive outlier detection (Envoy's consecutive_5xx).
+type Outlier struct {
+	ConsecutiveFailures int           // failures in a row that eject; 0 disables passive ejection
+	BaseEjection        time.Duration // ejection time = BaseEjection × multiplier; default 30s
+	MaxEjection         time.Duration // cap on one ejection; default max(300s, BaseEjection)
+	MaxEjectionPercent  int           // 1..100, Envoy's rule (see package doc); 0 means 50
+	DecayInterval       time.Duration // each full interval back in service lowers the multiplier by one; default 10s
+}
+
+// TLS configures the client side of TLS to https endpoints.
+type TLS struct {
+	CAFile             string // PEM bundle; when set it is the only root pool trusted (system roots are not)
+	ServerName         string // overrides the name verified and sent in SNI
+	InsecureSkipVerify bool   // do not verify the server certificate (tests only)
+}
+
+// Options configure one cluster.
+type Options struct {
+	Name                string
+	Endpoints           []EndpointSpec
+	ConnectTimeout      time.Duration // TCP dial timeout, and TLS handshake timeout; default 2s
+	HealthCheck         HealthCheck
+	Outlier             Outlier
+	TLS                 TLS
+	MaxIdleConnsPerHost int          // keep-alive pool per endpoint; default 256
+	Clock               Clock        // default: the real clock
+	Logger              *slog.Logger // health and ejection transitions; default: discard
+}
+
+// Validate reports every problem with the options at once (joined with errors.Join), each
+// prefixed with the field path, e.g. "endpoints[1].url: scheme must be http or https".
+// Zero values are valid where a default exists. It reads TLS.CAFile if one is named.
+func (o Options) Validate() error {
+	var errs []error
+	add := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if strings.TrimSpace(o.Name) == "" {
+		add("name", "must not be empty")
+	}
+	if len(o.Endpoints) == 0 {
+		add("endpoints", "at least one endpoint is required")
+	}
+	seen := make(map[string]int, len(o.Endpoints))
+	for i, ep := range o.Endpoints {
+		field := fmt.Sprintf("endpoints[%d]", i)
+		u, err := parseEndpointURL(ep.URL)
+		if err != nil {
+			add(field+".url", "%v", err)
+		} else {
+			key := endpointKey(u)
+			if j, dup := seen[key]; dup {
+				add(field+".url", "duplicate of endpoints[%d]", j)
+			} else {
+				seen[key] = i
+			}
+		}
+		if ep.MetricsURL != "" {
+			if _, err := parseEndpointURL(ep.MetricsURL); err != nil {
+				add(field+".metrics_url", "%v", err)
+			}
+		}
+		if ep.Weight < 0 || ep.Weight > MaxWeight {
+			add(field+".weight", "must be between 1 and %d (0 means %d), got %d", MaxWeight, DefaultWeight, ep.Weight)
+		}
+	}
+	if o.ConnectTimeout < 0 {
+		add("connect_timeout", "must not be negative")
+	}
+	if o.MaxIdleConnsPerHost < 0 {
+		add("max_idle_conns_per_host", "must not be negative")
+	}
+
+	hc := o.HealthCheck
+	if hc.Path != "" {
+		if !strings.HasPrefix(hc.Path, "/") {
+			add("health_check.path", "must start with /")
+		} else if _, err := url.ParseRequestURI(hc.Path); err != nil {
+			add("health_check.path", "%v", err)
+		}
+	}
+	if hc.Interval < 0 {
+		add("health_check.interval", "must not be negative")
+	}
+	if hc.Timeout < 0 {
+		add("health_check.timeout", "must not be negative")
+	}
+	if hc.UnhealthyThreshold < 0 {
+		add("health_check.unhealthy_threshold", "must not be negative")
+	}
+	if hc.HealthyThreshold < 0 {
+		add("health_check.healthy_threshold", "must not be negative")
+	}
+
+	od := o.Outlier
+	if od.ConsecutiveFailures < 0 {
+		add("outlier.consecutive_failures", "must not be negative")
+	}
+	if od.BaseEjection < 0 {
+		add("outlier.base_ejection", "must not be negative")
+	}
+	if od.MaxEjection < 0 {
+		add("outlier.max_ejection", "must not be negative")
+	}
+	if od.BaseEjection > 0 && od.MaxEjection > 0 && od.MaxEjection < od.BaseEjection {
+		add("outlier.max_ejection", "must not be less than base_ejection (%v < %v)", od.MaxEjection, od.BaseEjection)
+	}
+	if od.MaxEjectionPercent < 0 || od.MaxEjectionPercent > 100 {
+		add("outlier.max_ejection_percent", "must be between 0 and 100, got %d", od.MaxEjectionPercent)
+	}
+	if od.DecayInterval < 0 {
+		add("outlier.decay_interval", "must not be negative")
+	}
+
+	if o.TLS.CAFile != "" {
+		if _, _, err := loadCA(o.TLS.CAFile); err != nil {
+			add("tls.ca_file", "%v", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns o with every zero value that has a default filled in.
+func (o Options) withDefaults() Options {
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = DefaultConnectTimeout
+	}
+	if o.MaxIdleConnsPerHost == 0 {
+		o.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	}
+	if o.HealthCheck.Path == "" {
+		o.HealthCheck.Path = DefaultHealthPath
+	}
+	if o.HealthCheck.Timeout == 0 {
+		o.HealthCheck.Timeout = DefaultHealthTimeout
+	}
+	if o.HealthCheck.UnhealthyThreshold == 0 {
+		o.HealthCheck.UnhealthyThreshold = DefaultUnhealthyThreshold
+	}
+	if o.HealthCheck.HealthyThreshold == 0 {
+		o.HealthCheck.HealthyThreshold = DefaultHealthyThreshold
+	}
+	if o.Outlier.BaseEjection == 0 {
+		o.Outlier.BaseEjection = DefaultBaseEjection
+	}
+	if o.Outlier.MaxEjection == 0 {
+		o.Outlier.MaxEjection = max(DefaultMaxEjection, o.Outlier.BaseEjection)
+	}
+	if o.Outlier.MaxEjectionPercent == 0 {
+		o.Outlier.MaxEjectionPercent = DefaultMaxEjectionPercent
+	}
+	if o.Outlier.DecayInterval == 0 {
+		o.Outlier.DecayInterval = DefaultDecayInterval
+	}
+	if o.Clock == nil {
+		o.Clock = realClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+func parseEndpointURL(raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, errors.New("must not be empty")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "parse "))
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, errors.New("scheme must be http or https")
+	case u.Host == "" || u.Hostname() == "":
+		return nil, errors.New("host must not be empty")
+	case u.User != nil:
+		return nil, errors.New("must not contain user info (credentials)")
+	case u.RawQuery != "" || u.ForceQuery:
+		return nil, errors.New("must not contain a query")
+	case u.Fragment != "":
+		return nil, errors.New("must not contain a fragment")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("invalid port %q", p)
+		}
+	}
+	return u, nil
+}
+
+// endpointKey identifies an endpoint across reloads: the URL with a trailing slash removed
+// and the host lower-cased.
+func endpointKey(u *url.URL) string {
+	v := *u
+	v.Host = strings.ToLower(v.Host)
+	return strings.TrimSuffix(v.String(), "/")
+}
+
+func loadCA(file string) (*x509.CertPool, []byte, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("%s: no PEM certificates found", file)
+	}
+	return pool, pem, nil
+}

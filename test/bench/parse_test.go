@@ -1,0 +1,155 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// These tests cover the harness's parsers and config; performance itself is measured by the
+// harness, never asserted in tests.
+
+func TestParseStat(t *testing.T) {
+	// A command name with spaces and a parenthesis, as /proc allows.
+	line := "4242 (ngi nx) w) S 4200 4242 4242 0 -1 4194560 300 0 0 0 123 45 0 0 20 0 1 0 100 1000 200 18446744073709551615\n"
+	st, err := parseStat([]byte(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ppid != 4200 || st.ticks != 168 {
+		t.Fatalf("got %+v, want ppid 4200 ticks 168", st)
+	}
+	if _, err := parseStat([]byte("4242 (x) S 1")); err == nil {
+		t.Fatal("a short stat must be an error")
+	}
+	self, err := readStat(os.Getpid())
+	if err != nil || self.ppid != os.Getppid() {
+		t.Fatalf("readStat(self) = %+v, %v; want ppid %d", self, err, os.Getppid())
+	}
+}
+
+func TestParseVmHWM(t *testing.T) {
+	v, err := parseVmHWM([]byte("Name:\tnginx\nVmPeak:\t  100 kB\nVmHWM:\t    26624 kB\nVmRSS:\t 1 kB\n"))
+	if err != nil || v != 26624<<10 {
+		t.Fatalf("got %d, %v", v, err)
+	}
+	if _, err := parseVmHWM([]byte("Name:\tx\n")); err == nil {
+		t.Fatal("missing VmHWM must be an error")
+	}
+}
+
+const wrkOut = `Running 5s test @ http://127.0.0.1:40000/v1/chat/completions
+  2 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     3.05ms    1.20ms  40.11ms   90.00%
+    Req/Sec    10.52k     1.01k   12.00k    70.00%
+  Latency Distribution
+     50%  812.00us
+     75%    3.50ms
+     90%    4.20ms
+     99%    1.02s
+  104650 requests in 5.00s, 40.12MB read
+  Socket errors: connect 0, read 0, write 0, timeout 3
+  Non-2xx or 3xx responses: 7
+Requests/sec:  20930.12
+Transfer/sec:      8.02MB
+`
+
+func TestParseWrk(t *testing.T) {
+	w, err := parseWrk(wrkOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.requests != 104650 || w.seconds != 5 || w.rps != 20930.12 || w.non2xx != 7 {
+		t.Fatalf("got %+v", w)
+	}
+	if w.p50 != 812*time.Microsecond || w.p99 != 1020*time.Millisecond {
+		t.Fatalf("percentiles: p50 %v p99 %v", w.p50, w.p99)
+	}
+	if !strings.Contains(w.sockErrs, "timeout 3") {
+		t.Fatalf("socket errors %q", w.sockErrs)
+	}
+	if _, err := parseWrk("garbage"); err == nil {
+		t.Fatal("garbage must be an error")
+	}
+}
+
+func TestParseGoBench(t *testing.T) {
+	out := `goos: linux
+BenchmarkStreamRelay/events=16-2 	   34678	     36114 ns/op	 108.43 MB/s	         2.801 allocs/event	      1806 ns/event	   13730 B/op	      56 allocs/op
+BenchmarkRelayLoop/next+observe+write+flush-2         	 3591895	       334.0 ns/op	       0 B/op	       0 allocs/op
+PASS`
+	bs := parseGoBench(out)
+	if len(bs) != 2 || bs[0].name != "BenchmarkStreamRelay/events=16" || bs[0].metrics["ns/event"] != 1806 || bs[0].metrics["allocs/op"] != 56 {
+		t.Fatalf("got %+v", bs)
+	}
+	if bs[1].name != "BenchmarkRelayLoop/next+observe+write+flush" || bs[1].metrics["ns/op"] != 334 {
+		t.Fatalf("got %+v", bs[1])
+	}
+}
+
+func TestQuantileAndRotate(t *testing.T) {
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i))
+	}
+	if q := quantile(ds, .5); q != 50 {
+		t.Fatalf("p50 = %v", q)
+	}
+	if q := quantile(ds, .99); q != 99 {
+		t.Fatalf("p99 = %v", q)
+	}
+	if quantile(nil, .5) != 0 {
+		t.Fatal("empty quantile")
+	}
+	ts := []*target{{name: "a"}, {name: "b"}, {name: "c"}}
+	seen := map[string]map[int]bool{}
+	for r := range 3 {
+		for pos, x := range rotate(ts, r) {
+			if seen[x.name] == nil {
+				seen[x.name] = map[int]bool{}
+			}
+			seen[x.name][pos] = true
+		}
+	}
+	for name, pos := range seen {
+		if len(pos) != 3 {
+			t.Fatalf("%s took positions %v over 3 rounds, want all three", name, pos)
+		}
+	}
+}
+
+func TestNginxConf(t *testing.T) {
+	dir := t.TempDir()
+	p, err := writeNginxConf(dir, "127.0.0.1:1234", "127.0.0.1:5678")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	conf := string(b)
+	for _, want := range []string{
+		"proxy_buffering off;", "proxy_http_version 1.1;", `proxy_set_header Connection "";`,
+		"keepalive 256;", "server 127.0.0.1:5678;", "listen 127.0.0.1:1234;", "worker_processes auto;",
+		"pid " + filepath.Join(dir, "nginx.pid"), "access_log off;",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("config lacks %q:\n%s", want, conf)
+		}
+	}
+}
+
+func TestFlags(t *testing.T) {
+	var sb strings.Builder
+	o, err := parseFlags([]string{"--quick", "--rounds", "2"}, &sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.duration != 2*time.Second || o.rounds != 2 || len(o.rates) != 3 {
+		t.Fatalf("quick with --rounds 2: %+v", o)
+	}
+	if _, err := parseFlags([]string{"--rates", "10,x"}, &sb); err == nil {
+		t.Fatal("a bad rate must be rejected")
+	}
+}

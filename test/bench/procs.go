@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat: 100 on every Linux
+// architecture the harness targets (the kernel exports a fixed USER_HZ regardless of HZ).
+const clockTicks = 100
+
+// child is a process started by the harness, in its own process group so that the group
+// (nginx's workers included) can be signalled at once.
+type child struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+// children tracks every process the harness started, so that all are stopped on exit.
+type children struct {
+	mu   sync.Mutex
+	list []*child
+}
+
+func (cs *children) start(name, logPath string, argv ...string) (*child, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	c := &child{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		f.Close()
+		close(c.done)
+	}()
+	cs.mu.Lock()
+	cs.list = append(cs.list, c)
+	cs.mu.Unlock()
+	return c, nil
+}
+
+// stopAll stops every child: SIGTERM to its process group, SIGKILL after grace.
+func (cs *children) stopAll(grace time.Duration) {
+	cs.mu.Lock()
+	list := cs.list
+	cs.list = nil
+	cs.mu.Unlock()
+	for _, c := range list {
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGTERM)
+	}
+	deadline := time.After(grace)
+	for _, c := range list {
+		select {
+		case <-c.done:
+		case <-deadline:
+		}
+	}
+	for _, c := range list {
+		// The group may hold processes other than the leader (nginx workers): kill it
+		// whether or not the leader has exited.
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-c.done:
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// logTail returns the last lines of the child's log, for error messages.
+func (c *child) logTail() string {
+	b, _ := os.ReadFile(c.log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 15 {
+		lines = lines[len(lines)-15:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitHTTP polls url until it answers 200, the child exits, or timeout passes.
+func waitHTTP(ctx context.Context, c *child, url string, timeout time.Duration) error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if c != nil && c.exited() {
+			return fmt.Errorf("%s exited (%v); its log:\n%s", c.name, c.err, c.logTail())
+		}
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	name := "target"
+	tail := ""
+	if c != nil {
+		name, tail = c.name, "; its log:\n"+c.logTail()
+	}
+	return fmt.Errorf("%s not ready at %s after %v: %v%s", name, url, timeout, last, tail)
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// procStat is what the harness reads of one process from /proc.
+type procStat struct {
+	ticks uint64 // utime + stime, in clock ticks
+	ppid  int
+}
+
+// parseStat parses /proc/PID/stat: fields after the command name, which is in parentheses
+// and may itself contain spaces and parentheses.
+func parseStat(b []byte) (procStat, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procStat{}, errors.New("malformed stat: no ')'")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); ppid is field 4, utime 14, stime 15.
+	if len(f) < 13 {
+		return procStat{}, errors.New("malformed stat: too few fields")
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	ut, err2 := strconv.ParseUint(f[11], 10, 64)
+	st, err3 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return procStat{}, fmt.Errorf("malformed stat: %w", err)
+	}
+	return procStat{ticks: ut + st, ppid: ppid}, nil
+}
+
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, err
+	}
+	return parseStat(b)
+}
+
+// parseVmHWM returns the VmHWM (peak resident set) of a /proc/PID/status, in bytes.
+func parseVmHWM(b []byte) (int64, error) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "VmHWM:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("malformed VmHWM line %q", line)
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		return kb << 10, nil
+	}
+	return 0, errors.New("no VmHWM in status")
+}
+
+func readVmHWM(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseVmHWM(b)
+}
+
+// descendants returns root's pid and those of its children (one level: nginx's workers).
+func descendants(root int) []int {
+	pids := []int{root}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return pids
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == root {
+			continue
+		}
+		if st, err := readStat(pid); err == nil && st.ppid == root {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// proxyProc is a measured proxy: its main process, and whether its children count too.
+type proxyProc struct {
+	c        *child
+	withKids bool // nginx: the master and its workers
+}
+
+func (p *proxyProc) pids() []int {
+	if p.withKids {
+		return descendants(p.c.pid())
+	}
+	return []int{p.c.pid()}
+}
+
+// cpuTicks is the CPU time (user + system) of the proxy's processes so far, in ticks.
+func (p *proxyProc) cpuTicks() uint64 {
+	var sum uint64
+	for _, pid := range p.pids() {
+		if st, err := readStat(pid); err == nil {
+			sum += st.ticks
+		}
+	}
+	return sum
+}
+
+// rss returns the sum of VmHWM over the proxy's processes and each one's figure.
+func (p *proxyProc) rss() (sum int64, each []int64) {
+	for _, pid := range p.pids() {
+		if v, err := readVmHWM(pid); err == nil {
+			sum += v
+			each = append(each, v)
+		}
+	}
+	return sum, each
+}
+
+// lookTool finds a tool on PATH or in the sbin directories a non-login root shell may lack.
+func lookTool(name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return ""
+}

@@ -1,0 +1,168 @@
+package sim
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"unicode/utf8"
+)
+
+// Responses are encoded by hand into pooled buffers: the fast path serves thousands of
+// requests a second and encoding/json's reflection would dominate its cost.
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+func putBuf(b *[]byte) {
+	if cap(*b) > 1<<20 {
+		return // do not keep huge buffers alive
+	}
+	*b = (*b)[:0]
+	bufPool.Put(b)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string literal. Invalid UTF-8 becomes U+FFFD, like
+// encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+func appendUsage(b []byte, prompt, completion int, withCompletion bool) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	if withCompletion {
+		b = append(b, `,"completion_tokens":`...)
+		b = strconv.AppendInt(b, int64(completion), 10)
+	}
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	return append(b, '}')
+}
+
+// apiError is an answer in OpenAI's error shape.
+type apiError struct {
+	status  int
+	typ     string
+	code    string
+	param   string
+	message string
+}
+
+func badRequest(code, param, msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: code, param: param, message: msg}
+}
+
+func (e *apiError) appendJSON(b []byte) []byte {
+	b = append(b, `{"error":{"message":`...)
+	b = appendJSONString(b, e.message)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, e.typ)
+	b = append(b, `,"param":`...)
+	if e.param == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, e.param)
+	}
+	b = append(b, `,"code":`...)
+	if e.code == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, e.code)
+	}
+	return append(b, "}}"...)
+}
+
+// writeError writes e as the whole response.
+func writeError(w http.ResponseWriter, e *apiError) {
+	bp := getBuf()
+	*bp = e.appendJSON(*bp)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(*bp)))
+	if e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", "1")
+	}
+	w.WriteHeader(e.status)
+	_, _ = w.Write(*bp)
+	putBuf(bp)
+}
+
+// writeJSON writes b as a 200 application/json response.
+func writeJSON(w http.ResponseWriter, b []byte) error {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	_, err := w.Write(b)
+	return err
+}
+
+// statusError builds the error body for an injected or requested status code.
+func statusError(code int) *apiError {
+	e := &apiError{status: code, typ: "server_error", message: http.StatusText(code)}
+	if e.message == "" {
+		e.message = "status " + strconv.Itoa(code)
+	}
+	switch {
+	case code == http.StatusTooManyRequests:
+		e.typ, e.code, e.message = "rate_limit_error", "rate_limit_exceeded", "Rate limit reached (simulated)"
+	case code == http.StatusServiceUnavailable:
+		e.code, e.message = "service_unavailable", "The server is overloaded (simulated)"
+	case code >= 500:
+		e.code, e.message = "internal_error", "Internal server error (simulated)"
+	case code == http.StatusNotFound:
+		e.typ, e.code = "invalid_request_error", "not_found"
+	case code == http.StatusUnauthorized:
+		e.typ, e.code = "authentication_error", "invalid_api_key"
+	default:
+		e.typ = "invalid_request_error"
+	}
+	return e
+}
