@@ -19,13 +19,13 @@ import (
 // Request is what a policy sees of one client request: the parsed body plus its identity.
 type Request struct {
 	*openai.Request
-	ID       string       // x-request-id
-	Route    string       // matched route name
-	Tenant   string       // tenant name ("" when anonymous)
-	Session  string       // X-Session-ID, else the body's user field
-	GrayFlag string       // value of the gray-flag header
-	Header   http.Header  // the client's headers (read-only)
-	Arrival  time.Time    // when the gateway received the request
+	ID       string      // x-request-id
+	Route    string      // matched route name
+	Tenant   string      // tenant name ("" when anonymous)
+	Session  string      // X-Session-ID, else the body's user field
+	GrayFlag string      // value of the gray-flag header
+	Header   http.Header // the client's headers (read-only)
+	Arrival  time.Time   // when the gateway received the request
 }
 
 // Decision is an Admitter's answer.

@@ -11,19 +11,19 @@ import (
 
 // Error classes: why a request or an attempt failed. They label metrics and Outcomes.
 const (
-	classClientCancel  = "client_cancel"    // the client went away
-	classTTFTTimeout   = "ttft_timeout"     // no first byte within the route's TTFT time-out
-	classIdleTimeout   = "idle_timeout"     // no event within the idle time-out, mid-stream
-	classTimeout       = "timeout"          // the route's total time-out
-	classConnect       = "connect"          // could not connect to (or send to) the endpoint
-	classNoEndpoint    = "no_endpoint"      // no healthy endpoint in the cluster
-	classUpstream5xx   = "upstream_5xx"     // the model server answered 5xx
-	classUpstream429   = "upstream_429"     // the model server answered 429
-	classUpstream4xx   = "upstream_4xx"     // the model server answered another 4xx
-	classStreamCut     = "stream_cut"       // the stream broke after it started
-	classEmptyResponse = "upstream_empty"   // the upstream closed before sending anything
-	classShutdown      = "shutdown"         // the gateway's drain deadline passed
-	classUpstreamError = "upstream_error"   // the upstream's answer could not be relayed
+	classClientCancel  = "client_cancel"  // the client went away
+	classTTFTTimeout   = "ttft_timeout"   // no first byte within the route's TTFT time-out
+	classIdleTimeout   = "idle_timeout"   // no event within the idle time-out, mid-stream
+	classTimeout       = "timeout"        // the route's total time-out
+	classConnect       = "connect"        // could not connect to (or send to) the endpoint
+	classNoEndpoint    = "no_endpoint"    // no healthy endpoint in the cluster
+	classUpstream5xx   = "upstream_5xx"   // the model server answered 5xx
+	classUpstream429   = "upstream_429"   // the model server answered 429
+	classUpstream4xx   = "upstream_4xx"   // the model server answered another 4xx
+	classStreamCut     = "stream_cut"     // the stream broke after it started
+	classEmptyResponse = "upstream_empty" // the upstream closed before sending anything
+	classShutdown      = "shutdown"       // the gateway's drain deadline passed
+	classUpstreamError = "upstream_error" // the upstream's answer could not be relayed
 )
 
 // statusClientClosed is nginx's 499: the client closed the request.
