@@ -111,6 +111,7 @@
 // Durations are Go durations ("250ms", "2s") or plain seconds, in real time (not scaled),
 // at most 1h; a stall ends early when the client goes away. A malformed knob is a 400.
 //
+// Limits: request bodies up to 32 MiB, at most 4096 prompts or inputs per request.
 // Not modelled: n > 1, stop sequences, logprobs, prefix caching, preemption, chunked-prefill
-// token budgets.
+// token budgets (all sequences admitted in a step prefill in that one step).
 package sim

@@ -374,3 +374,56 @@ func TestClose(t *testing.T) {
 		t.Fatalf("fast path after Close: %d", rec.Code)
 	}
 }
+
+// TestDieAfterHTTP2: HTTP/2 connections cannot be hijacked; the stream is reset instead.
+func TestDieAfterHTTP2(t *testing.T) {
+	s := New(Config{})
+	defer s.Close()
+	ts := httptest.NewUnstartedServer(s)
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	defer ts.Close()
+	b := chatBody("die", map[string]any{"max_tokens": 20, "ignore_eos": true, "stream": true})
+	resp, err := send(context.Background(), ts, "/v1/chat/completions", b, map[string]string{"x-sim-die-after": "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("proto %s", resp.Proto)
+	}
+	evs, err := readSSE(resp.Body)
+	resp.Body.Close()
+	if err == nil || len(evs) != 2 {
+		t.Fatalf("%d events, err %v; want 2 and a reset stream", len(evs), err)
+	}
+	resp, err = send(context.Background(), ts, "/v1/chat/completions", chatBody("die", nil), map[string]string{"x-sim-die-after": "0"})
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("non-stream: status %d, want an error", resp.StatusCode)
+	}
+	// The connection survives for other streams.
+	if a := chat(t, ts, chatBody("alive", nil), true); a.text[0] == "" {
+		t.Fatal("no answer after the reset")
+	}
+	if st := s.Stats(); st.Aborted != 2 || st.Completed != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestDelay(t *testing.T) {
+	s, ts := start(t, Config{Delay: 100 * time.Millisecond, DelayJitter: 50 * time.Millisecond, Seed: 5})
+	if s.fast {
+		t.Fatal("a delay must take the scheduled path")
+	}
+	begin := time.Now()
+	resp, raw := post(t, ts, "/v1/completions", `{"prompt":"x","max_tokens":2}`, nil)
+	if resp.StatusCode != 200 || time.Since(begin) < 100*time.Millisecond {
+		t.Fatalf("status %d after %v: %s", resp.StatusCode, time.Since(begin), raw)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := send(ctx, ts, "/v1/completions", `{"prompt":"x"}`, nil); err == nil {
+		t.Fatal("want a timeout")
+	}
+	waitFor(t, 5*time.Second, "the delayed request to count as cancelled", func() bool { return s.Stats().Cancelled == 1 })
+}

@@ -170,6 +170,7 @@ type streamer struct {
 	bp     *[]byte
 	prefix []byte // `data: {"id":...,"choices":[`
 	events int
+	abort  bool // the connection could not be hijacked: abort the handler at its end
 }
 
 func (s *Server) newStreamer(ctx context.Context, w http.ResponseWriter, p *plan, kn knobs, arrival time.Time) *streamer {
@@ -220,7 +221,7 @@ func (st *streamer) send() error {
 		return errClosed
 	}
 	if st.events == st.kn.dieAfter {
-		kill(st.w)
+		st.abort = !kill(st.w)
 		return errKilled
 	}
 	st.events++

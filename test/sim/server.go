@@ -28,9 +28,9 @@ type Server struct {
 	rng   *rand.Rand
 
 	requests, completed, cancelled, aborted, errs atomic.Int64
-	promptTokens, genTokens                      atomic.Int64
-	fastRunning, fastPeak                        atomic.Int64
-	nRunning, nWaiting, nKVUsed, nKVReserved     atomic.Int64
+	promptTokens, genTokens                       atomic.Int64
+	fastRunning, fastPeak                         atomic.Int64
+	nRunning, nWaiting, nKVUsed, nKVReserved      atomic.Int64
 
 	// Engine state, guarded by mu.
 	mu             sync.Mutex
@@ -329,15 +329,17 @@ func (s *Server) count(o outcome) {
 	}
 }
 
-// kill drops the connection abruptly: hijack and close where the connection allows it,
-// otherwise abort the handler, which makes net/http close the connection (HTTP/1) or reset
-// the stream (HTTP/2) without finishing the response.
-func kill(w http.ResponseWriter) {
-	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-		_ = conn.Close()
-		return
+// kill drops the connection abruptly by hijacking and closing it. Where the connection
+// cannot be hijacked (HTTP/2) it reports false: the handler must then panic with
+// http.ErrAbortHandler once its bookkeeping is done, which makes net/http reset the stream
+// without finishing the response.
+func kill(w http.ResponseWriter) bool {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return false
 	}
-	panic(http.ErrAbortHandler)
+	_ = conn.Close()
+	return true
 }
 
 func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, ep endpoint) {
@@ -383,13 +385,20 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	ctx := r.Context()
 	if kn.dieAfter >= 0 && !p.stream {
 		s.count(outKilled)
-		kill(w)
+		if !kill(w) {
+			panic(http.ErrAbortHandler)
+		}
 		return
 	}
 	var st *streamer
 	if p.stream {
 		st = s.newStreamer(ctx, w, p, kn, arrival)
-		defer st.release()
+		defer func() {
+			st.release()
+			if st.abort {
+				panic(http.ErrAbortHandler)
+			}
+		}()
 		if err := st.start(); err != nil {
 			s.count(outcomeOf(err))
 			return

@@ -82,9 +82,9 @@ func genArguments(params json.RawMessage, seed uint64) string {
 	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		return "{}"
 	}
-	var schema any
-	if err := json.Unmarshal(trimmed, &schema); err != nil {
-		return "{}"
+	var schema map[string]any
+	if err := json.Unmarshal(trimmed, &schema); err != nil || schema == nil {
+		return "{}" // not an object schema: an empty argument object
 	}
 	r := splitmix(seed)
 	v := genValue(schema, &r, 0, "object")
