@@ -127,8 +127,11 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, rt *config.Compiled
 func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candidate, cl *clusterState, ep *upstream.Endpoint, res *result) (*http.Request, error) {
 	r := ex.r
 	u := *ep.URL()
+	// Keep the path as the client escaped it (a model id "org/name" is one segment,
+	// /v1/models/org%2Fname); RawPath is used only where it is a valid encoding of Path.
+	raw := strings.TrimSuffix(u.EscapedPath(), "/") + r.URL.EscapedPath()
 	u.Path = strings.TrimSuffix(u.Path, "/") + r.URL.Path
-	u.RawPath = ""
+	u.RawPath = raw
 	u.RawQuery = r.URL.RawQuery
 
 	out := (&http.Request{

@@ -41,6 +41,7 @@ func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	h := ex.w.Header()
 	copyHeaders(h, upstream)
 	h.Del("Content-Length")
+	h.Set("X-Request-Id", ex.id) // ours, even if the upstream answered with its own
 	h.Set("X-Sluice-Upstream", res.cluster)
 	h.Set("X-Sluice-Attempts", strconv.Itoa(res.attempts))
 	ex.w.WriteHeader(status)
@@ -136,7 +137,23 @@ func sessionOf(r *http.Request, req *openai.Request) string {
 	return req.User
 }
 
-func isAPIPath(p string) bool { return strings.HasPrefix(p, "/v1/") || p == "/v1" }
+// isAPIPath reports whether p is under /v1/. A path with a "." or ".." segment is not: an
+// upstream (or a proxy in front of it) that normalises it would serve a path outside /v1/, or
+// another route's endpoint than the one matched.
+func isAPIPath(p string) bool {
+	return (strings.HasPrefix(p, "/v1/") || p == "/v1") && !hasDotSegment(p)
+}
+
+func hasDotSegment(p string) bool {
+	for p != "" {
+		var seg string
+		seg, p, _ = strings.Cut(p, "/")
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
 
 func modelSuffix(m string) string {
 	if m == "" {

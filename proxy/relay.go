@@ -15,6 +15,10 @@ import (
 // larger answers are streamed through as they come (and can no longer be retried).
 const maxBufferedBody = 32 << 20
 
+// maxHeldBeforeFirstEvent bounds the data-less events (keep-alive comments) held back until a
+// stream's first event; past it they are dropped.
+const maxHeldBeforeFirstEvent = 16 << 10
+
 // relayStream relays an SSE answer event by event, flushing each one. The first event is read
 // before anything is sent to the client, so a failure up to then can still be retried. After
 // that, a failure ends the stream with an in-band SSE error event.
@@ -24,6 +28,16 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 
 	t0 := time.Now()
 	ev, err := rd.Next()
+	// Comments and blank lines before the first event with data (keep-alives of a server
+	// still queueing the request) are not the first byte: they neither end the TTFT phase
+	// nor commit the answer. They are held (bounded) and sent ahead of the first event.
+	var held []byte
+	for err == nil && ev.Data == nil {
+		if len(held)+len(ev.Raw) <= maxHeldBeforeFirstEvent {
+			held = append(held, ev.Raw...)
+		}
+		ev, err = rd.Next()
+	}
 	t1 := time.Now()
 	res.wait += t1.Sub(t0)
 	if err != nil {
@@ -33,6 +47,13 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	wd.beat()
 	ex.commit(resp.StatusCode, resp.Header, res)
 	res.status = resp.StatusCode
+	if len(held) > 0 {
+		if _, werr := ex.w.Write(held); werr != nil {
+			cancel(errClientWrite)
+			res.class, res.status = classClientCancel, statusClientClosed
+			return
+		}
+	}
 	for {
 		tap.Observe(ev, t1)
 		if _, werr := ex.w.Write(ev.Raw); werr != nil {
@@ -69,13 +90,16 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		res.status = statusClientClosed
 		return
 	}
-	if class == classStreamCut || class == classIdleTimeout {
-		ep.Report(false)
-	}
-	e := classError(class, 0)
-	if errors.Is(err, openai.ErrEventTooLarge) {
-		e = openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, err.Error())
+	var e *openai.Error
+	if class == classStreamCut && errors.Is(err, openai.ErrEventTooLarge) {
+		// The gateway's own bound, not an endpoint failure: do not report it.
+		e = eventTooLarge(err)
 		res.class = classUpstreamError
+	} else {
+		if class == classStreamCut || class == classIdleTimeout {
+			ep.Report(false)
+		}
+		e = classError(class, 0)
 	}
 	_, _ = ex.w.Write(e.SSE())
 	ex.flush()
@@ -147,6 +171,14 @@ func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstre
 	switch {
 	case ctx.Err() != nil:
 		res.class = causeClass(ctx)
+	case errors.Is(err, openai.ErrEventTooLarge):
+		// The first event is over the gateway's bound: the endpoint answered, nothing to
+		// report against it, and it is not a connection failure.
+		res.class = classUpstreamError
+		res.err = eventTooLarge(err)
+		res.status = res.err.Status
+		res.retryable = true
+		return
 	case errors.Is(err, io.EOF):
 		res.class = classEmptyResponse
 	default:
@@ -158,6 +190,11 @@ func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstre
 	res.err = classError(res.class, 0)
 	res.status = res.err.Status
 	res.retryable = res.class != classClientCancel && res.class != classTimeout && res.class != classShutdown
+}
+
+// eventTooLarge is the error for an upstream SSE event over max_event_bytes.
+func eventTooLarge(err error) *openai.Error {
+	return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, err.Error())
 }
 
 // readBounded reads up to limit bytes, beating the watchdog on each read. complete is false

@@ -6,11 +6,15 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
 func TestCopyHeaders(t *testing.T) {
@@ -313,5 +317,110 @@ func TestReadBounded(t *testing.T) {
 				t.Errorf("watchdog beaten = %v, want %v", got, tt.wantBeat)
 			}
 		})
+	}
+}
+
+func TestFailBeforeFirstByte(t *testing.T) {
+	shutdown, cancelShutdown := context.WithCancelCause(context.Background())
+	cancelShutdown(errShutdown)
+	gone, cancelGone := context.WithCancel(context.Background())
+	cancelGone()
+	tests := []struct {
+		name      string
+		ctx       context.Context
+		err       error
+		class     string
+		status    int
+		retryable bool
+		reported  bool // counted against the endpoint
+	}{
+		{"closed without an answer", context.Background(), io.EOF, classEmptyResponse, 502, true, true},
+		{"broken connection", context.Background(), io.ErrUnexpectedEOF, classConnect, 502, true, true},
+		{"event over the gateway's bound", context.Background(), openai.ErrEventTooLarge, classUpstreamError, 502, true, false},
+		{"client gone", gone, context.Canceled, classClientCancel, statusClientClosed, false, false},
+		{"drain deadline", shutdown, context.Canceled, classShutdown, 503, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl, err := upstream.NewCluster(upstream.Options{
+				Name:      "c",
+				Endpoints: []upstream.EndpointSpec{{URL: "http://127.0.0.1:1"}},
+				Outlier:   upstream.Outlier{ConsecutiveFailures: 1, BaseEjection: time.Minute, MaxEjection: time.Minute, MaxEjectionPercent: 100},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			ep := cl.Endpoints()[0]
+			var res result
+			(&Handler{}).failBeforeFirstByte(tt.ctx, tt.err, ep, &res)
+			if res.class != tt.class || res.status != tt.status || res.retryable != tt.retryable {
+				t.Errorf("class %q status %d retryable %v, want %q %d %v", res.class, res.status, res.retryable, tt.class, tt.status, tt.retryable)
+			}
+			if res.err == nil || res.err.Code != tt.class {
+				t.Errorf("err = %v, want code %q", res.err, tt.class)
+			}
+			if got := cl.Snapshot()[0].Failures == 1; got != tt.reported {
+				t.Errorf("reported against the endpoint = %v, want %v", got, tt.reported)
+			}
+		})
+	}
+}
+
+// TestCommitKeepsRequestID: the client gets the gateway's request id (its own, or the one
+// generated), even when the upstream answers with an X-Request-Id of its own.
+func TestCommitKeepsRequestID(t *testing.T) {
+	for _, clientID := range []string{"client-id-1", ""} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		if clientID != "" {
+			r.Header.Set("X-Request-Id", clientID)
+		}
+		w := httptest.NewRecorder()
+		ex := newExchange(w, r)
+		if clientID != "" && ex.id != clientID {
+			t.Fatalf("exchange id %q, want the client's %q", ex.id, clientID)
+		}
+		ex.commit(http.StatusOK, http.Header{
+			"X-Request-Id": {"upstream-id"}, "Content-Length": {"12"}, "Connection": {"X-Up"}, "X-Up": {"1"}, "X-Other": {"kept"},
+		}, &result{cluster: "c", attempts: 2})
+		h := w.Result().Header
+		if got := h.Get("X-Request-Id"); got != ex.id {
+			t.Errorf("client %q: response X-Request-Id = %q, want %q", clientID, got, ex.id)
+		}
+		if h.Get("Content-Length") != "" || h.Get("X-Up") != "" || h.Get("X-Other") != "kept" {
+			t.Errorf("response headers: %v", h)
+		}
+		if h.Get("X-Sluice-Upstream") != "c" || h.Get("X-Sluice-Attempts") != "2" {
+			t.Errorf("sluice headers: %v", h)
+		}
+	}
+}
+
+func TestIsAPIPath(t *testing.T) {
+	tests := []struct {
+		path string
+		want bool
+	}{
+		{"/v1", true},
+		{"/v1/", true},
+		{"/v1/chat/completions", true},
+		{"/v1/models/org/name", true},
+		{"/v1/models/v1.5", true},
+		{"/v1/models/..hidden", true},
+		{"/v1/models/...", true},
+		{"/", false},
+		{"/v2/chat", false},
+		{"/v1x", false},
+		{"/metrics", false},
+		{"/v1/..", false},
+		{"/v1/../metrics", false},
+		{"/v1/chat/../embeddings", false},
+		{"/v1/./models", false},
+		{"/v1/models/.", false},
+	}
+	for _, tt := range tests {
+		if got := isAPIPath(tt.path); got != tt.want {
+			t.Errorf("isAPIPath(%q) = %v, want %v", tt.path, got, tt.want)
+		}
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/sluicegw/sluice/proxy"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/telemetry"
@@ -64,7 +67,9 @@ Flags:
 	if err != nil {
 		return err
 	}
-	tel, err := telemetry.New(ctx, telemetry.Options{ServiceVersion: version})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tel, err := telemetry.New(ctx, telemetry.Options{ServiceVersion: version, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}

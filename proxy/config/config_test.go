@@ -67,7 +67,7 @@ clusters:
     api_key_env: SLUICE_TEST_EMPTY
   - name: a
     endpoints: []
-  - endpoints: [{url: "http://h:2", metrics: "::"}]
+  - endpoints: [{url: "http://h:2", metrics: "::"}, {url: "http://u:p@h:3", weight: 20000}]
 routes:
   - {name: r1, cluster: x}
   - {name: r1, cluster: a, match: {path_prefix: v1, model: "[", headers: {"bad name": v}}}
@@ -92,7 +92,9 @@ routes:
 		`clusters[1].name: duplicate cluster "a"`,
 		`clusters[1].endpoints: at least one endpoint is required`,
 		`clusters[2].name: required`,
-		`clusters[2].endpoints[0].metrics: invalid URL "::"`,
+		`clusters[2].endpoints[0].metrics: "::": missing protocol scheme`,
+		`clusters[2].endpoints[1].url: "http://u:p@h:3": must not contain user info`,
+		`clusters[2].endpoints[1].weight: 20000 is not within 1..10000`,
 		`routes[0].cluster: unknown cluster "x"`,
 		`routes[1].name: duplicate route "r1"`,
 		`routes[1].match.path_prefix: must start with /`,

@@ -8,13 +8,15 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
 // Defaults applied by Load. Every one is listed in the README's config reference.
@@ -250,8 +252,8 @@ func (c *Config) Validate() error {
 					add("%s.metrics: %v", eat, err)
 				}
 			}
-			if ep.Weight < 0 {
-				add("%s.weight: must not be negative", eat)
+			if ep.Weight < 0 || ep.Weight > upstream.MaxWeight {
+				add("%s.weight: %d is not within 1..%d", eat, ep.Weight, upstream.MaxWeight)
 			}
 		}
 		checkTimeouts(add, at+".timeouts", cl.Timeouts)
@@ -349,18 +351,11 @@ func checkHostPort(addr string) error {
 }
 
 func checkURL(s string) error {
-	if s == "" {
-		return errors.New("required")
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return fmt.Errorf("invalid URL %q: %w", s, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("%q: scheme must be http or https", s)
-	}
-	if u.Host == "" {
-		return fmt.Errorf("%q: host is missing", s)
+	if _, err := upstream.ParseEndpointURL(s); err != nil {
+		if strings.Contains(err.Error(), strconv.Quote(s)) {
+			return err
+		}
+		return fmt.Errorf("%q: %w", s, err)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func NewCluster(opts Options) (*Cluster, error) {
 	anyTLS := false
 	c.endpoints = make([]*Endpoint, len(o.Endpoints))
 	for i, spec := range o.Endpoints {
-		u, _ := parseEndpointURL(spec.URL) // validated above
+		u, _ := ParseEndpointURL(spec.URL) // validated above
 		if u.Scheme == "https" {
 			anyTLS = true
 		}

@@ -98,7 +98,7 @@ func (o Options) Validate() error {
 	seen := make(map[string]int, len(o.Endpoints))
 	for i, ep := range o.Endpoints {
 		field := fmt.Sprintf("endpoints[%d]", i)
-		u, err := parseEndpointURL(ep.URL)
+		u, err := ParseEndpointURL(ep.URL)
 		if err != nil {
 			add(field+".url", "%v", err)
 		} else {
@@ -110,7 +110,7 @@ func (o Options) Validate() error {
 			}
 		}
 		if ep.MetricsURL != "" {
-			if _, err := parseEndpointURL(ep.MetricsURL); err != nil {
+			if _, err := ParseEndpointURL(ep.MetricsURL); err != nil {
 				add(field+".metrics_url", "%v", err)
 			}
 		}
@@ -215,7 +215,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func parseEndpointURL(raw string) (*url.URL, error) {
+// ParseEndpointURL parses an endpoint's base URL (or metrics URL): http or https, a host, an
+// optional port and path, and no credentials, query or fragment.
+func ParseEndpointURL(raw string) (*url.URL, error) {
 	if raw == "" {
 		return nil, errors.New("must not be empty")
 	}

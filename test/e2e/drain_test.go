@@ -128,10 +128,14 @@ func startMock(t *testing.T, hc *http.Client, itl time.Duration) string {
 	return url
 }
 
-// openStream starts a chat stream of n tokens and returns a reader of its events.
-func openStream(t *testing.T, hc *http.Client, addr string, n int) (*http.Response, *bufio.Reader) {
+// openStream starts a chat stream of n tokens (or with the given body) and returns a reader
+// of its events.
+func openStream(t *testing.T, hc *http.Client, addr string, n int, custom ...string) (*http.Response, *bufio.Reader) {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":"sim-llama","stream":true,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":"count"}]}`, n)
+	if len(custom) > 0 {
+		body = custom[0]
+	}
 	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

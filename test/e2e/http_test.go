@@ -41,13 +41,20 @@ func TestBadRequests(t *testing.T) {
 	}{
 		{"oversized body", "POST", "/v1/chat/completions", big, 413, "request_too_large"},
 		{"oversized embeddings body", "POST", "/v1/embeddings", `{"model":"sim-llama","input":"` + strings.Repeat("y", 8<<10) + `"}`, 413, "request_too_large"},
-		{"malformed JSON", "POST", "/v1/chat/completions", `{"model":"sim-llama","messages":[`, 400, ""},
-		{"not an object", "POST", "/v1/completions", `[1,2,3]`, 400, ""},
-		{"model of the wrong type", "POST", "/v1/chat/completions", `{"model":5,"messages":[{"role":"user","content":"hi"}]}`, 400, ""},
-		{"stream of the wrong type", "POST", "/v1/chat/completions", `{"model":"sim-llama","stream":"yes","messages":[{"role":"user","content":"hi"}]}`, 400, ""},
-		{"messages of the wrong type", "POST", "/v1/chat/completions", `{"model":"sim-llama","messages":"hi"}`, 400, ""},
+		{"malformed JSON", "POST", "/v1/chat/completions", `{"model":"sim-llama","messages":[`, 400, "invalid_json"},
+		{"not an object", "POST", "/v1/completions", `[1,2,3]`, 400, "invalid_type"},
+		{"model of the wrong type", "POST", "/v1/chat/completions", `{"model":5,"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_type"},
+		{"stream of the wrong type", "POST", "/v1/chat/completions", `{"model":"sim-llama","stream":"yes","messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_type"},
+		{"messages of the wrong type", "POST", "/v1/chat/completions", `{"model":"sim-llama","messages":"hi"}`, 400, "invalid_type"},
+		{"input of the wrong type", "POST", "/v1/embeddings", `{"model":"sim-llama","input":{"a":1}}`, 400, ""},
 		{"unknown path outside /v1/", "GET", "/nope", "", 404, "unknown_url"},
-		{"unknown path under /v1/ (answered upstream)", "GET", "/v1/nope", "", 404, ""},
+		{"unknown path under /v1/ (answered upstream)", "GET", "/v1/nope", "", 404, "not_found"},
+		// Dot segments would reach paths outside /v1/ on an upstream that normalises them
+		// (or another route's endpoint than the one matched): the gateway refuses them.
+		{"dot-dot out of /v1/", "GET", "/v1/../metrics", "", 404, "unknown_url"},
+		{"escaped dot-dot out of /v1/", "GET", "/v1/%2e%2e/metrics", "", 404, "unknown_url"},
+		{"dot-dot across routes", "POST", "/v1/chat/../embeddings", `{"model":"sim-llama","input":"x"}`, 404, "unknown_url"},
+		{"dot segment", "GET", "/v1/./models", "", 404, "unknown_url"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,6 +88,7 @@ func TestHeaders(t *testing.T) {
 		w.Header().Set("Connection", "X-Bar")
 		w.Header().Set("X-Bar", "dropped")
 		w.Header().Set("X-Upstream", "kept")
+		w.Header().Set("X-Request-Id", "chosen-by-upstream") // the gateway's id must win
 		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","model":"rec","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`))
 	})
 	g := startGateway(t, oneRoute("    health_check: {disabled: true}\n", "", rec.URL))
@@ -266,10 +274,25 @@ func TestH2C(t *testing.T) {
 	if h1.Choices[0].Message.Content != h2.Choices[0].Message.Content {
 		t.Errorf("h2c %q, HTTP/1.1 %q", h2.Choices[0].Message.Content, h1.Choices[0].Message.Content)
 	}
+
+	// Resetting the HTTP/2 stream mid-way cancels the upstream request.
+	before := s.Stats().Cancelled
+	long := `{"model":"sim-llama","stream":true,"max_tokens":5000,"ignore_eos":true,"messages":[{"role":"user","content":"hi"}]}`
+	resp, r := openStream(t, hc, g.addr, 0, long)
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("protocol %s, want HTTP/2", resp.Proto)
+	}
+	if evs := readEvents(t, r, 3); len(evs) != 3 {
+		t.Fatalf("stream start: %+v", evs)
+	}
+	resp.Body.Close()
+	eventually(t, 5*time.Second, "upstream cancelled after an HTTP/2 stream reset", func() bool {
+		return s.Stats().Cancelled == before+1
+	})
 }
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and its key as PEM files.
-func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, cert *x509.Certificate) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -298,13 +321,11 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	writePEM(t, certFile, "CERTIFICATE", der)
 	writePEM(t, keyFile, "EC PRIVATE KEY", kder)
-	cert, err := x509.ParseCertificate(der)
+	cert, err = x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
+	return certFile, keyFile, cert
 }
 
 func writePEM(t *testing.T, path, typ string, der []byte) {
@@ -329,7 +350,9 @@ func TestTLS(t *testing.T) {
 	caFile := filepath.Join(dir, "upstream-ca.pem")
 	writePEM(t, caFile, "CERTIFICATE", up.Certificate().Raw)
 
-	certFile, keyFile, pool := selfSigned(t, dir)
+	certFile, keyFile, cert := selfSigned(t, dir)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
 	g := startGateway(t, fmt.Sprintf("tls: {cert_file: %s, key_file: %s}\n", certFile, keyFile)+
 		oneRoute(fmt.Sprintf("    tls: {ca_file: %s}\n", caFile), "", up.URL))
 
@@ -363,6 +386,24 @@ func TestTLS(t *testing.T) {
 	if _, err := (&http.Client{Transport: untrusted, Timeout: 10 * time.Second}).Get("https://" + g.addr + "/v1/models"); err == nil {
 		t.Error("an untrusting client connected")
 	}
+
+	// Replacing the certificate files is picked up by new connections, without a restart.
+	newDir := t.TempDir()
+	newCert, newKey, rotated := selfSigned(t, newDir)
+	if err := os.Rename(newCert, certFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(newKey, keyFile); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the rotated certificate is served", func() bool {
+		c, err := tls.Dial("tcp", g.addr, &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		return bytes.Equal(c.ConnectionState().PeerCertificates[0].Raw, rotated.Raw)
+	})
 }
 
 // TestAdmin: the admin API needs the bearer token when SLUICE_ADMIN_TOKEN is set, and never

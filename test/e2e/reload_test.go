@@ -161,3 +161,46 @@ routes:
 	}
 	t.Logf("%d requests succeeded across the reload", ok.Load())
 }
+
+// TestReloadKeepsInFlightStreams: a reload that removes the cluster serving a stream lets the
+// stream finish on the old config; the admin reload endpoint reports a bad file.
+func TestReloadKeepsInFlightStreams(t *testing.T) {
+	slow := startSim(t, sim.Config{ITL: 5 * time.Millisecond})
+	other := startSim(t, sim.Config{})
+	cfg := func(url string) string {
+		return oneRoute("", "", url)
+	}
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	g := startGateway(t, cfg(slow.URL), gatewayOpts{configPath: path, watchInterval: time.Hour})
+	hc := newHTTPClient(t)
+
+	_, r := openStream(t, hc, g.addr, 200)
+	if first := readEvents(t, r, 3); len(first) != 3 {
+		t.Fatalf("stream start: %+v", first)
+	}
+
+	// A bad file through the admin API: 400 with the problems, nothing changes.
+	writeFileAtomic(t, path, cfg("ftp://nowhere"))
+	resp, b := do(t, hc, "POST", "http://"+g.admin+"/admin/reload", "")
+	e := checkErrorShape(t, resp, b, 400, "invalid_config")
+	if !strings.Contains(e.Error.Message, "clusters[0].endpoints[0].url") {
+		t.Errorf("reload error does not name the problem: %q", e.Error.Message)
+	}
+
+	writeFileAtomic(t, path, cfg(other.URL))
+	resp, b = do(t, hc, "POST", "http://"+g.admin+"/admin/reload", "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("reload: %d %s", resp.StatusCode, b)
+	}
+	rest := readEvents(t, r, 1000)
+	if _, done, chunks := streamText(t, rest); !done || chunks != 198 {
+		t.Fatalf("the in-flight stream did not survive the reload: %d more chunks, done %v", chunks, done)
+	}
+	resp, b = do(t, hc, "POST", "http://"+g.addr+"/v1/chat/completions", chatBody)
+	if resp.StatusCode != 200 || other.Stats().Completed != 1 {
+		t.Fatalf("after the reload: %d %s", resp.StatusCode, b)
+	}
+	if slow.Stats().Requests != 1 {
+		t.Errorf("the removed endpoint got %d requests", slow.Stats().Requests)
+	}
+}

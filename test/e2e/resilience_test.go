@@ -151,6 +151,9 @@ func TestOversizedEvent(t *testing.T) {
 
 	// The endpoint answered correctly: it must not have been ejected for the gateway's limit.
 	resp, b = do(t, hc, "GET", "http://"+g.admin+"/admin/endpoints", "")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/admin/endpoints: %d", resp.StatusCode)
+	}
 	if strings.Contains(string(b), `"ejected": true`) || !strings.Contains(string(b), `"failures": 0`) {
 		t.Errorf("endpoint counted as failing for an oversized event: %s", b)
 	}

@@ -1,0 +1,97 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// newTestServer builds a server (not started: no listener, no health checks) for one endpoint.
+func newTestServer(t *testing.T, endpoint string) *Server {
+	t.Helper()
+	cfg, err := config.Parse([]byte(`listen: 127.0.0.1:0
+admin: {listen: 127.0.0.1:0}
+clusters:
+  - name: main
+    endpoints: [{url: "` + endpoint + `"}]
+    health_check: {disabled: true}
+    api_key: sk-cluster
+routes:
+  - {name: all, cluster: main}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{Config: cfg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		st := srv.state.Load()
+		st.stop()
+		for _, cl := range st.clusters {
+			cl.Close()
+		}
+	})
+	return srv
+}
+
+func TestOutbound(t *testing.T) {
+	tests := []struct {
+		endpoint, target, want string
+	}{
+		{"http://up:8000", "/v1/chat/completions", "http://up:8000/v1/chat/completions"},
+		{"http://up:8000/", "/v1/chat/completions", "http://up:8000/v1/chat/completions"},
+		{"http://up:8000/base/", "/v1/models?x=1", "http://up:8000/base/v1/models?x=1"},
+		{"http://up:8000", "/v1/models/org%2Fname", "http://up:8000/v1/models/org%2Fname"},
+		{"http://up:8000/a%2Fb", "/v1/models/org%2Fname?q=%2F", "http://up:8000/a%2Fb/v1/models/org%2Fname?q=%2F"},
+		{"https://up", "/v1/models/a%20b", "https://up/v1/models/a%20b"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.endpoint+tt.target, func(t *testing.T) {
+			srv := newTestServer(t, tt.endpoint)
+			h := &Handler{srv: srv}
+			r := httptest.NewRequest(http.MethodGet, tt.target, nil)
+			r.Header.Set("Connection", "X-Hop")
+			r.Header.Set("X-Hop", "1")
+			r.Header.Set("Authorization", "Bearer client")
+			r.Header.Set("X-Forwarded-For", "10.0.0.1")
+			ex := newExchange(httptest.NewRecorder(), r)
+			ex.preq = &policy.Request{Request: &openai.Request{Kind: openai.KindModels}}
+			cl := srv.state.Load().clusters["main"]
+			var res result
+			out, err := h.outbound(context.Background(), ex, policy.Candidate{Cluster: "main"}, cl, cl.Endpoints()[0], &res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := out.URL.String(); got != tt.want {
+				t.Errorf("upstream URL %s, want %s", got, tt.want)
+			}
+			if out.Host != out.URL.Host || out.Method != http.MethodGet {
+				t.Errorf("Host %q method %q", out.Host, out.Method)
+			}
+			hdr := out.Header
+			if hdr.Get("X-Hop") != "" || hdr.Get("Connection") != "" {
+				t.Errorf("hop-by-hop headers forwarded: %v", hdr)
+			}
+			if hdr.Get("Authorization") != "Bearer sk-cluster" || hdr.Get("X-Request-Id") != ex.id {
+				t.Errorf("Authorization %q, X-Request-Id %q", hdr.Get("Authorization"), hdr.Get("X-Request-Id"))
+			}
+			if got := hdr.Get("X-Forwarded-For"); got != "10.0.0.1, 192.0.2.1" {
+				t.Errorf("X-Forwarded-For %q", got)
+			}
+			if out.Body != nil && out.Body != http.NoBody {
+				if b, _ := io.ReadAll(out.Body); len(b) > 0 {
+					t.Errorf("a GET got a body: %q", b)
+				}
+			}
+		})
+	}
+}
