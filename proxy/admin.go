@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 
@@ -20,6 +21,7 @@ import (
 //	GET /admin/config     the effective config as JSON, secrets redacted
 //	GET /admin/endpoints  every cluster's endpoints: health, ejection, in-flight
 //	POST /admin/reload    re-read the config file (same as SIGHUP)
+//	GET /debug/pprof/     Go profiles (CPU, heap, goroutines), behind the same token
 //
 // /admin/* needs "Authorization: Bearer <token>" (token from admin.token_env) whenever a token
 // is set, and a token must be set when the admin listener is not on loopback.
@@ -57,6 +59,11 @@ func (s *Server) adminHandler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"version": s.Config().Version})
 	}))
+	mux.Handle("GET /debug/pprof/", s.authorized(pprof.Index))
+	mux.Handle("GET /debug/pprof/cmdline", s.authorized(pprof.Cmdline))
+	mux.Handle("GET /debug/pprof/profile", s.authorized(pprof.Profile))
+	mux.Handle("GET /debug/pprof/symbol", s.authorized(pprof.Symbol))
+	mux.Handle("GET /debug/pprof/trace", s.authorized(pprof.Trace))
 	return mux
 }
 

@@ -19,7 +19,8 @@ const maxBufferedBody = 32 << 20
 // stream's first event; past it they are dropped.
 const maxHeldBeforeFirstEvent = 16 << 10
 
-// relayStream relays an SSE answer event by event, flushing each one. The first event is read
+// relayStream relays an SSE answer event by event, flushing as soon as no further event is
+// already buffered (so each event reaches the client the moment it arrived). The first event is read
 // before anything is sent to the client, so a failure up to then can still be retried. After
 // that, a failure ends the stream with an in-band SSE error event.
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
@@ -61,7 +62,11 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			res.class, res.status = classClientCancel, statusClientClosed
 			return
 		}
-		ex.flush()
+		// Flush unless the next event already arrived with this one: a burst goes out in one
+		// write, and no event ever waits for another.
+		if !rd.Pending() {
+			ex.flush()
+		}
 		t0 = time.Now()
 		res.wait += t0.Sub(t1)
 		ev, err = rd.Next()

@@ -212,6 +212,14 @@ func (r *Reader) Next() (Event, error) {
 	}
 }
 
+// Pending reports whether a whole event is already buffered, so that the next call of Next
+// returns without reading. A relay uses it to flush once per burst of events that arrived
+// together, instead of once per event, without ever holding an event back.
+func (r *Reader) Pending() bool {
+	b := r.buf[r.r:r.w]
+	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\r\n\r\n")) || bytes.Contains(b, []byte("\r\r"))
+}
+
 const bom = "\xef\xbb\xbf"
 
 // fill reads once into the buffer, making room first (moving the pending bytes to the

@@ -339,3 +339,29 @@ func (c *cycle) Read(p []byte) (int, error) {
 	c.off = (c.off + n) % len(c.data)
 	return n, nil
 }
+
+func TestReaderPending(t *testing.T) {
+	tests := []struct {
+		name    string
+		stream  string
+		pending []bool // after each Next
+	}{
+		{"burst then end", "data: a\n\ndata: b\n\ndata: c\n\n", []bool{true, true, false}},
+		{"partial next event", "data: a\n\ndata: b\n", []bool{false}},
+		{"crlf", "data: a\r\n\r\ndata: b\r\n\r\n", []bool{true, false}},
+		{"cr", "data: a\r\rdata: b\r\r", []bool{true, false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewReader(strings.NewReader(tt.stream), 0)
+			for i, want := range tt.pending {
+				if _, err := r.Next(); err != nil {
+					t.Fatalf("event %d: %v", i, err)
+				}
+				if got := r.Pending(); got != want {
+					t.Fatalf("after event %d: Pending = %v, want %v", i, got, want)
+				}
+			}
+		})
+	}
+}
