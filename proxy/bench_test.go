@@ -82,8 +82,12 @@ func (b *eventBody) Read(p []byte) (int, error) {
 
 func (b *eventBody) Close() error { return nil }
 
-// fakeUpstream answers every POST with the pre-rendered stream and /health with 200.
-type fakeUpstream struct{ evs [][]byte }
+// fakeUpstream answers every POST with the pre-rendered stream (or, when evs is nil, with
+// the JSON body) and /health with 200.
+type fakeUpstream struct {
+	evs  [][]byte
+	json []byte
+}
 
 func (u *fakeUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Body != nil {
@@ -94,9 +98,15 @@ func (u *fakeUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 		StatusCode: http.StatusOK, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: http.Header{}, Body: http.NoBody, ContentLength: -1, Request: r,
 	}
-	if r.Method == http.MethodPost {
+	switch {
+	case r.Method != http.MethodPost:
+	case u.evs != nil:
 		resp.Header.Set("Content-Type", "text/event-stream")
 		resp.Body = &eventBody{evs: u.evs}
+	default:
+		resp.Header.Set("Content-Type", "application/json")
+		resp.ContentLength = int64(len(u.json))
+		resp.Body = io.NopCloser(bytes.NewReader(u.json))
 	}
 	return resp, nil
 }
@@ -203,6 +213,35 @@ func BenchmarkStreamRelay(b *testing.B) {
 				b.Fatalf("relayed %d bytes, want %d", w.n, want)
 			}
 		})
+	}
+}
+
+// benchChatAnswer is a non-streaming answer as the simulator gives it for max_tokens 16.
+const benchChatAnswer = `{"id":"chatcmpl-798992411968960f","object":"chat.completion","created":1796035306,"model":"sim-llama","choices":[{"index":0,"message":{"role":"assistant","content":"morning all there red before remember at batch for stream server report at"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":13,"total_tokens":15}}`
+
+// BenchmarkRequest is one small non-streaming chat request through Handler.ServeHTTP per
+// iteration, in process (same fake upstream and discarding writer as BenchmarkStreamRelay):
+// Sluice's own per-request cost, without sockets.
+func BenchmarkRequest(b *testing.B) {
+	srv := newBenchServer(b, "http://127.0.0.1:1", &fakeUpstream{json: []byte(benchChatAnswer)})
+	defer closeUnstarted(srv)
+	h := &Handler{srv: srv}
+	body := benchChatBody(false, 16)
+	w := &discardWriter{h: http.Header{}}
+	run := func() {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		clear(w.h)
+		w.status, w.n = 0, 0
+		h.ServeHTTP(w, r)
+	}
+	run()
+	if w.status != http.StatusOK || w.n != int64(len(benchChatAnswer)) {
+		b.Fatalf("status %d, %d bytes, want 200 and %d", w.status, w.n, len(benchChatAnswer))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		run()
 	}
 }
 

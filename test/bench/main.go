@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -42,7 +43,16 @@ type options struct {
 	benchtime    string
 	perf         bool
 	quick        bool
+	sluiceEnv    []string
+	maxOther     float64
+	quietWait    time.Duration
 }
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, " ") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -63,7 +73,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (configs, logs, perf data)")
 	fs.BoolVar(&o.goBench, "gobench", true, "also run go test -bench ./proxy/ (the stream relay benchmarks) at the end")
 	fs.StringVar(&o.benchtime, "benchtime", "1s", "-benchtime of the go benchmarks")
-	fs.BoolVar(&o.perf, "perf", false, "after the measurements, profile Sluice with perf record at 2000 req/s and with streams, and add the hot spots to the report")
+	fs.BoolVar(&o.perf, "perf", false, "after the measurements, profile Sluice at 2000 req/s and with streams (perf record, and a Go CPU profile from the admin listener's /debug/pprof when it serves one) and add the hot spots to the report")
+	fs.Float64Var(&o.maxOther, "max-other-load", 0.5, "discard and rerun a round in which other work on the machine used more than this many CPUs in some turn (negative: keep every round)")
+	fs.DurationVar(&o.quietWait, "quiet-wait", time.Minute, "before measuring, wait up to this long for the machine to be quiet (other work below --max-other-load)")
+	var senv stringList
+	fs.Var(&senv, "sluice-env", "KEY=VALUE added to Sluice's environment, e.g. GOMAXPROCS=1 or GOGC=200 (repeatable; for experiments)")
 	fs.BoolVar(&o.quick, "quick", false, "a ~1-minute smoke run: 2s turns, 1 round, 2 stream rounds, short warm-up and go benchmarks")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: go run ./test/bench [flags]
@@ -83,6 +97,12 @@ Flags:
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	for _, kv := range senv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return o, fmt.Errorf("--sluice-env %q: want KEY=VALUE", kv)
+		}
+	}
+	o.sluiceEnv = senv
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if o.quick {
@@ -202,7 +222,7 @@ func run(ctx context.Context, o options) (err error) {
 	ngxAddr := fmt.Sprintf("127.0.0.1:%d", ngxPort)
 
 	logf("starting the simulator (zero delay) on %s", simAddr)
-	sim, err := cs.start("sim", filepath.Join(tmp, "sim.log"), bin, "mock", "--listen", simAddr)
+	sim, err := cs.start("sim", filepath.Join(tmp, "sim.log"), nil, bin, "mock", "--listen", simAddr)
 	if err != nil {
 		return err
 	}
@@ -210,7 +230,7 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	logf("starting sluice on %s (admin %s)", gwAddr, adminAddr)
-	gw, err := cs.start("sluice", filepath.Join(tmp, "sluice.log"), bin, "serve",
+	gw, err := cs.start("sluice", filepath.Join(tmp, "sluice.log"), o.sluiceEnv, bin, "serve",
 		"--upstream", "http://"+simAddr, "--listen", gwAddr, "--admin", adminAddr)
 	if err != nil {
 		return err
@@ -224,7 +244,7 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	logf("starting nginx on %s (worker_processes %s)", ngxAddr, nginxWorkers)
-	ngx, err := cs.start("nginx", filepath.Join(tmp, "nginx.log"), nginxBin,
+	ngx, err := cs.start("nginx", filepath.Join(tmp, "nginx.log"), nil, nginxBin,
 		"-p", tmp, "-c", conf, "-e", filepath.Join(tmp, "nginx-error.log"), "-g", "daemon off;")
 	if err != nil {
 		return err
@@ -233,6 +253,7 @@ func run(ctx context.Context, o options) (err error) {
 		return fmt.Errorf("%w\nnginx error log: %s", err, readTail(filepath.Join(tmp, "nginx-error.log")))
 	}
 
+	theMeter = &meter{procs: []*proxyProc{{c: sim}, {c: gw}, {c: ngx, withKids: true}}}
 	maxIdle := max(512, o.streams+64)
 	targets := []*target{
 		{name: "direct", base: "http://" + simAddr},
@@ -251,6 +272,8 @@ func run(ctx context.Context, o options) (err error) {
 		streams: map[string][]streamRound{}, rss: map[string]rssInfo{},
 	}
 
+	waitQuiet(ctx, o.maxOther, o.quietWait)
+
 	// a. + d. fixed rates, with CPU per request.
 	body := chatBody(16, false)
 	for _, rate := range o.rates {
@@ -267,21 +290,14 @@ func run(ctx context.Context, o options) (err error) {
 				}
 			}
 		}
-		for r := range o.rounds {
-			order := rotate(targets, r)
-			res.orders = append(res.orders, roundOrder{phase: "rate" + strconv.Itoa(rate), round: r, order: names(order)})
-			for _, t := range order {
-				rr, lat := attack(ctx, t, rate, o.duration, body)
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				res.fixed[rate][t.name].add(rr, lat)
-				logf("%5d req/s round %d/%d %-6s: %6d requests, achieved %7.1f req/s, ok %.4f, p50 %v, p99 %v",
-					rate, r+1, o.rounds, t.name, rr.requests, rr.rate, ratio(rr.ok, rr.requests), rr.p50, rr.p99)
-				if err := sleepCtx(ctx, o.gap); err != nil {
-					return err
-				}
-			}
+		err := res.runRounds(ctx, "rate"+strconv.Itoa(rate), o.rounds, func(t *target, r int) (func(), float64, error) {
+			rr, lat := attack(ctx, t, rate, o.duration, body)
+			logf("%5d req/s round %d/%d %-6s: %6d requests, achieved %7.1f req/s, ok %.4f, p50 %v, p99 %v, other load %.2f CPUs",
+				rate, r+1, o.rounds, t.name, rr.requests, rr.rate, ratio(rr.ok, rr.requests), rr.p50, rr.p99, rr.foreign)
+			return func() { res.fixed[rate][t.name].add(rr, lat) }, rr.foreign, nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 
@@ -291,20 +307,16 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	wrkBin := lookTool("wrk")
-	for r := range o.rounds {
-		order := rotate(targets, r)
-		res.orders = append(res.orders, roundOrder{phase: "wrk", round: r, order: names(order)})
-		for _, t := range order {
-			w, err := runWrk(ctx, wrkBin, script, t, o.wrkThreads, o.wrkConns, o.duration)
-			if err != nil {
-				return err
-			}
-			res.wrk[t.name] = append(res.wrk[t.name], w)
-			logf("wrk round %d/%d %-6s: %8.0f req/s, p50 %v, p99 %v, non-2xx %d", r+1, o.rounds, t.name, w.rps, w.p50, w.p99, w.non2xx)
-			if err := sleepCtx(ctx, o.gap); err != nil {
-				return err
-			}
+	err = res.runRounds(ctx, "wrk", o.rounds, func(t *target, r int) (func(), float64, error) {
+		w, err := runWrk(ctx, wrkBin, script, t, o.wrkThreads, o.wrkConns, o.duration)
+		if err != nil {
+			return nil, 0, err
 		}
+		logf("wrk round %d/%d %-6s: %8.0f req/s, p50 %v, p99 %v, non-2xx %d, other load %.2f CPUs", r+1, o.rounds, t.name, w.rps, w.p50, w.p99, w.non2xx, w.foreign)
+		return func() { res.wrk[t.name] = append(res.wrk[t.name], w) }, w.foreign, nil
+	})
+	if err != nil {
+		return err
 	}
 
 	// c. concurrent streams: one unmeasured round per target opens the connections.
@@ -317,21 +329,14 @@ func run(ctx context.Context, o options) (err error) {
 			return err
 		}
 	}
-	for r := range o.streamRounds {
-		order := rotate(targets, r)
-		res.orders = append(res.orders, roundOrder{phase: "streams", round: r, order: names(order)})
-		for _, t := range order {
-			sr := streams(ctx, t, o.streams, o.streamTokens)
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			res.streams[t.name] = append(res.streams[t.name], sr)
-			logf("streams round %d/%d %-6s: %d ok, %d failed, TTFT p50 %v p99 %v, wall %v",
-				r+1, o.streamRounds, t.name, len(sr.ttft), sr.failed, quantile(sr.ttft, .5), quantile(sr.ttft, .99), sr.wall.Round(time.Millisecond))
-			if err := sleepCtx(ctx, o.gap); err != nil {
-				return err
-			}
-		}
+	err = res.runRounds(ctx, "streams", o.streamRounds, func(t *target, r int) (func(), float64, error) {
+		sr := streams(ctx, t, o.streams, o.streamTokens)
+		logf("streams round %d/%d %-6s: %d ok, %d failed, TTFT p50 %v p99 %v, wall %v, other load %.2f CPUs",
+			r+1, o.streamRounds, t.name, len(sr.ttft), sr.failed, quantile(sr.ttft, .5), quantile(sr.ttft, .99), sr.wall.Round(time.Millisecond), sr.foreign)
+		return func() { res.streams[t.name] = append(res.streams[t.name], sr) }, sr.foreign, nil
+	})
+	if err != nil {
+		return err
 	}
 
 	// d. peak RSS, before anything else runs in the proxies.
@@ -345,7 +350,7 @@ func run(ctx context.Context, o options) (err error) {
 	res.rss["sim"] = rssInfo{sum: simRSS, each: []int64{simRSS}}
 
 	if o.perf {
-		res.perf = profileSluice(ctx, tmp, targets[1], o)
+		res.perf = profileSluice(ctx, tmp, targets[1], o) + pprofSluice(ctx, tmp, bin, adminAddr, targets[1], o)
 	}
 	for _, t := range targets {
 		t.client.CloseIdleConnections()
@@ -375,6 +380,84 @@ func run(ctx context.Context, o options) (err error) {
 	return nil
 }
 
+// runRounds runs n rounds in which every target takes one turn, in an order rotated each
+// round. A round in which any turn saw more than --max-other-load CPUs of other work on the
+// machine is discarded and run again, at most n times per phase; its turns are then kept
+// only if no retry is left.
+func (res *results) runRounds(ctx context.Context, phase string, n int, turn func(t *target, r int) (commit func(), foreign float64, err error)) error {
+	o := res.opts
+	retries := 0
+	for r := 0; r < n; {
+		order := rotate(res.targets, r)
+		var commits []func()
+		worst := 0.0
+		for _, t := range order {
+			commit, foreign, err := turn(t, r)
+			if err != nil {
+				return err
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			commits = append(commits, commit)
+			worst = max(worst, foreign)
+			if err := sleepCtx(ctx, o.gap); err != nil {
+				return err
+			}
+		}
+		if o.maxOther >= 0 && worst > o.maxOther {
+			if retries < n && time.Since(res.began) < retryBudget {
+				retries++
+				res.discarded = append(res.discarded, fmt.Sprintf("%s round %d (other load %.2f CPUs)", phaseName(phase), r+1, worst))
+				logf("round %d of %s discarded: other work used %.2f CPUs (> --max-other-load %.2f); running it again", r+1, phaseName(phase), worst, o.maxOther)
+				continue
+			}
+			logf("round %d of %s kept although other work used %.2f CPUs: no retry left", r+1, phaseName(phase), worst)
+		}
+		for _, c := range commits {
+			c()
+		}
+		res.orders = append(res.orders, roundOrder{phase: phase, round: r, order: names(order)})
+		r++
+	}
+	return nil
+}
+
+// retryBudget bounds the whole run: past it, busy rounds are kept rather than run again, so
+// that a full run stays within about ten minutes.
+const retryBudget = 7 * time.Minute
+
+func phaseName(phase string) string {
+	if rate, ok := strings.CutPrefix(phase, "rate"); ok {
+		n, _ := strconv.Atoi(rate)
+		return thousands(n) + " req/s"
+	}
+	return phase
+}
+
+// waitQuiet waits, up to limit, for a second in which other work uses at most maxOther CPUs.
+func waitQuiet(ctx context.Context, maxOther float64, limit time.Duration) {
+	if maxOther < 0 || limit <= 0 {
+		return
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		s := theMeter.start(nil)
+		if sleepCtx(ctx, time.Second) != nil {
+			return
+		}
+		_, foreign := theMeter.stop(s)
+		if foreign <= maxOther {
+			return
+		}
+		if time.Now().After(deadline) {
+			logf("the machine is still busy (other work %.2f CPUs) after %v: measuring anyway", foreign, limit)
+			return
+		}
+		logf("waiting for a quieter machine: other work uses %.2f CPUs", foreign)
+	}
+}
+
 func names(ts []*target) []string {
 	var n []string
 	for _, t := range ts {
@@ -388,16 +471,17 @@ func readTail(path string) string {
 	return tail(b, 10)
 }
 
-// profileSluice records Sluice with perf while it serves 2000 req/s, then 200-stream rounds,
-// and returns perf report's top symbols for each, or why it could not.
+// profileSluice records Sluice with perf while it serves 2000 req/s, then while it relays
+// rounds of concurrent streams, and returns perf report's top symbols for each (self time,
+// then cumulative time with callees), or why it could not.
 func profileSluice(ctx context.Context, tmp string, t *target, o options) string {
 	perf := lookTool("perf")
 	if perf == "" {
-		return "perf is not installed (Debian package linux-perf): no profile taken."
+		return "perf is not installed (Debian package linux-perf): no perf profile taken.\n\n"
 	}
 	var out strings.Builder
-	capture := func(title string, work func()) {
-		data := filepath.Join(tmp, "perf-"+strings.ReplaceAll(title, " ", "-")+".data")
+	capture := func(title, file string, work func()) {
+		data := filepath.Join(tmp, file)
 		cmd := exec.Command(perf, "record", "-F", "999", "-g", "-o", data, "-p", strconv.Itoa(t.proxy.c.pid()))
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		logb := &strings.Builder{}
@@ -406,7 +490,7 @@ func profileSluice(ctx context.Context, tmp string, t *target, o options) string
 			fmt.Fprintf(&out, "%s: perf record did not start: %v\n", title, err)
 			return
 		}
-		time.Sleep(300 * time.Millisecond)
+		_ = sleepCtx(ctx, 300*time.Millisecond)
 		work()
 		_ = cmd.Process.Signal(os.Interrupt)
 		done := make(chan error, 1)
@@ -417,30 +501,118 @@ func profileSluice(ctx context.Context, tmp string, t *target, o options) string
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
-		rep, err := runCmd(ctx, 2*time.Minute, nil, perf, "report", "-i", data, "--stdio", "--no-children",
-			"--sort", "symbol", "--percent-limit", "0.7", "-g", "none")
-		if err != nil {
-			fmt.Fprintf(&out, "%s: perf report failed: %v\n%s\n%s\n", title, err, tail(rep, 5), logb.String())
+		for _, view := range []struct {
+			name string
+			args []string
+			n    int
+		}{
+			{"self time, by symbol", []string{"--no-children", "--sort", "symbol", "--percent-limit", "0.7"}, 35},
+			{"cumulative time (with callees), by symbol", []string{"--children", "--sort", "symbol", "--percent-limit", "3"}, 45},
+			{"self time, by binary", []string{"--no-children", "--sort", "dso", "--percent-limit", "0.5"}, 10},
+		} {
+			args := append([]string{"report", "-i", data, "--stdio", "-g", "none"}, view.args...)
+			rep, err := runCmd(ctx, 2*time.Minute, nil, perf, args...)
+			if err != nil {
+				fmt.Fprintf(&out, "%s: perf report failed: %v\n%s\n%s\n", title, err, tail(rep, 5), logb.String())
+				return
+			}
+			fmt.Fprintf(&out, "%s — %s:\n\n", title, view.name)
+			n := 0
+			for line := range strings.SplitSeq(string(rep), "\n") {
+				if strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "" {
+					continue
+				}
+				line = strings.TrimRight(line, " -")
+				if len(line) > 150 {
+					line = line[:150] + "…"
+				}
+				fmt.Fprintf(&out, "    %s\n", line)
+				if n++; n >= view.n {
+					break
+				}
+			}
+			out.WriteString("\n")
+		}
+	}
+	logf("perf: sluice at 2000 req/s for %v", o.duration)
+	capture("Sluice at 2000 req/s (non-streaming)", "perf-fixed.data", func() { attack(ctx, t, 2000, o.duration, chatBody(16, false)) })
+	logf("perf: sluice with rounds of %d concurrent streams for %v", o.streams, o.duration)
+	capture(fmt.Sprintf("Sluice relaying rounds of %d concurrent streams", o.streams), "perf-streams.data", func() {
+		end := time.Now().Add(o.duration)
+		for ctx.Err() == nil && time.Now().Before(end) {
+			streams(ctx, t, o.streams, o.streamTokens)
+		}
+	})
+	return out.String()
+}
+
+// pprofSluice fetches Go CPU profiles from Sluice's admin listener (/debug/pprof/profile)
+// while it serves 2000 req/s and while it relays streams, and returns go tool pprof's top
+// functions (cumulative), or says that the listener has no pprof.
+func pprofSluice(ctx context.Context, tmp, bin, admin string, t *target, o options) string {
+	var out strings.Builder
+	secs := max(1, int(o.duration/time.Second))
+	capture := func(title, file string, work func()) {
+		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs)
+		type got struct {
+			status int
+			err    error
+		}
+		done := make(chan got, 1)
+		path := filepath.Join(tmp, file)
+		go func() {
+			c := &http.Client{Timeout: time.Duration(secs+30) * time.Second}
+			resp, err := c.Get(url)
+			if err != nil {
+				done <- got{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+			if err == nil && resp.StatusCode == http.StatusOK {
+				err = os.WriteFile(path, b, 0o644)
+			}
+			done <- got{status: resp.StatusCode, err: err}
+		}()
+		_ = sleepCtx(ctx, 200*time.Millisecond)
+		work()
+		g := <-done
+		switch {
+		case g.err != nil:
+			fmt.Fprintf(&out, "%s: fetching %s failed: %v\n\n", title, url, g.err)
+			return
+		case g.status == http.StatusNotFound:
+			fmt.Fprintf(&out, "Sluice's admin listener serves no /debug/pprof (404): no pprof profile taken.\n\n")
+			return
+		case g.status != http.StatusOK:
+			fmt.Fprintf(&out, "%s: %s answered %d: no pprof profile taken.\n\n", title, url, g.status)
 			return
 		}
-		fmt.Fprintf(&out, "%s (self time, symbols at 0.7%% or more):\n\n", title)
-		n := 0
-		for line := range strings.SplitSeq(string(rep), "\n") {
-			if strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "" {
-				continue
+		rep, err := runCmd(ctx, 2*time.Minute, nil, "go", "tool", "pprof", "-top", "-cum", "-nodecount", "40", bin, path)
+		if err != nil {
+			fmt.Fprintf(&out, "%s: go tool pprof failed: %v\n%s\n\n", title, err, tail(rep, 5))
+			return
+		}
+		fmt.Fprintf(&out, "%s — go tool pprof -top -cum (from /debug/pprof/profile?seconds=%d):\n\n", title, secs)
+		for line := range strings.SplitSeq(strings.TrimRight(string(rep), "\n"), "\n") {
+			if len(line) > 150 {
+				line = line[:150] + "…"
 			}
-			fmt.Fprintf(&out, "    %s\n", strings.TrimRight(line, " "))
-			if n++; n >= 45 {
-				break
-			}
+			fmt.Fprintf(&out, "    %s\n", line)
 		}
 		out.WriteString("\n")
 	}
-	logf("perf: sluice at 2000 req/s for %v", o.duration)
-	capture("fixed 2000 req/s", func() { attack(ctx, t, 2000, o.duration, chatBody(16, false)) })
-	logf("perf: sluice with %d concurrent streams, %d rounds", o.streams, max(3, o.streamRounds))
-	capture(strconv.Itoa(o.streams)+" streams", func() {
-		for range max(3, o.streamRounds) {
+	logf("pprof: sluice at 2000 req/s for %ds", secs)
+	capture("Sluice at 2000 req/s (non-streaming)", "pprof-fixed.pb.gz", func() {
+		attack(ctx, t, 2000, time.Duration(secs)*time.Second, chatBody(16, false))
+	})
+	if strings.Contains(out.String(), "no /debug/pprof") {
+		return out.String()
+	}
+	logf("pprof: sluice with rounds of %d concurrent streams for %ds", o.streams, secs)
+	capture(fmt.Sprintf("Sluice relaying rounds of %d concurrent streams", o.streams), "pprof-streams.pb.gz", func() {
+		end := time.Now().Add(time.Duration(secs) * time.Second)
+		for ctx.Err() == nil && time.Now().Before(end) {
 			streams(ctx, t, o.streams, o.streamTokens)
 		}
 	})
@@ -455,6 +627,7 @@ type envInfo struct {
 	goVersion    string
 	nginx, wrk   string
 	nginxWorkers int
+	loadavg      string // at the start of the measurements
 }
 
 func gatherEnv(ctx context.Context, nginxBin string, ngx *child) envInfo {
@@ -468,6 +641,12 @@ func gatherEnv(ctx context.Context, nginxBin string, ngx *child) envInfo {
 				e.cpuModel = strings.TrimSpace(v)
 				break
 			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		if len(f) >= 3 {
+			e.loadavg = strings.Join(f[:3], " ")
 		}
 	}
 	e.nginx = toolVersion(ctx, nginxBin, "-v")

@@ -30,6 +30,22 @@ func TestParseStat(t *testing.T) {
 	}
 }
 
+func TestParseMachineBusy(t *testing.T) {
+	busy, err := parseMachineBusy([]byte("cpu  100 2 30 5000 40 5 6 7 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"))
+	if err != nil || busy != 100+2+30 {
+		t.Fatalf("got %d, %v", busy, err)
+	}
+	if _, err := parseMachineBusy([]byte("intr 1 2 3")); err == nil {
+		t.Fatal("a line that is not cpu must be an error")
+	}
+	m := &meter{}
+	s := m.start(nil)
+	ticks, foreign := m.stop(s)
+	if ticks != 0 || foreign < 0 {
+		t.Fatalf("stop = %d, %v", ticks, foreign)
+	}
+}
+
 func TestParseVmHWM(t *testing.T) {
 	v, err := parseVmHWM([]byte("Name:\tnginx\nVmPeak:\t  100 kB\nVmHWM:\t    26624 kB\nVmRSS:\t 1 kB\n"))
 	if err != nil || v != 26624<<10 {

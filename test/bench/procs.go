@@ -37,14 +37,20 @@ type children struct {
 	list []*child
 }
 
-func (cs *children) start(name, logPath string, argv ...string) (*child, error) {
+func (cs *children) start(name, logPath string, env []string, argv ...string) (*child, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	// If the harness dies without cleaning up (SIGKILL), the kernel signals the child. SIGTERM,
+	// not SIGKILL: nginx's master then stops its workers, which no signal would reach
+	// otherwise; Sluice and the simulator exit on SIGTERM too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -154,8 +160,9 @@ func freePort() (int, error) {
 
 // procStat is what the harness reads of one process from /proc.
 type procStat struct {
-	ticks uint64 // utime + stime, in clock ticks
-	ppid  int
+	ticks      uint64 // utime + stime, in clock ticks
+	childTicks uint64 // cutime + cstime: children waited for
+	ppid       int
 }
 
 // parseStat parses /proc/PID/stat: fields after the command name, which is in parentheses
@@ -166,17 +173,19 @@ func parseStat(b []byte) (procStat, error) {
 		return procStat{}, errors.New("malformed stat: no ')'")
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); ppid is field 4, utime 14, stime 15.
-	if len(f) < 13 {
+	// f[0] is field 3 (state); ppid is field 4, utime 14, stime 15, cutime 16, cstime 17.
+	if len(f) < 15 {
 		return procStat{}, errors.New("malformed stat: too few fields")
 	}
 	ppid, err1 := strconv.Atoi(f[1])
 	ut, err2 := strconv.ParseUint(f[11], 10, 64)
 	st, err3 := strconv.ParseUint(f[12], 10, 64)
-	if err := errors.Join(err1, err2, err3); err != nil {
+	cut, err4 := strconv.ParseInt(f[13], 10, 64)
+	cst, err5 := strconv.ParseInt(f[14], 10, 64)
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return procStat{}, fmt.Errorf("malformed stat: %w", err)
 	}
-	return procStat{ticks: ut + st, ppid: ppid}, nil
+	return procStat{ticks: ut + st, childTicks: uint64(max(cut, 0) + max(cst, 0)), ppid: ppid}, nil
 }
 
 func readStat(pid int) (procStat, error) {
@@ -281,4 +290,84 @@ func lookTool(name string) string {
 		}
 	}
 	return ""
+}
+
+// parseMachineBusy returns the time all CPUs spent running processes (user, nice, system;
+// guest time is inside user) from /proc/stat, in clock ticks. Interrupt and softirq time are
+// left out: loopback networking is mostly softirq time that is charged to no process, so
+// it would count the harness's own traffic as other work.
+func parseMachineBusy(b []byte) (uint64, error) {
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, errors.New("malformed /proc/stat")
+	}
+	var busy uint64
+	for _, i := range []int{1, 2, 3} { // user nice system
+		v, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("malformed /proc/stat: %w", err)
+		}
+		busy += v
+	}
+	return busy, nil
+}
+
+// meter tells, for one turn, the CPU a proxy used and how busy the machine was with work
+// that is not the harness's: the harness itself (vegeta, the stream client, and wrk once
+// waited for) and the processes it started.
+type meter struct {
+	procs []*proxyProc // sim, sluice, nginx
+}
+
+// theMeter is set once the children run; nil-safe.
+var theMeter *meter
+
+type sample struct {
+	at              time.Time
+	machine, ours   uint64
+	proxy           uint64
+	proxyP          *proxyProc
+	machineReadable bool
+}
+
+func (m *meter) ours() uint64 {
+	var sum uint64
+	if st, err := readStat(os.Getpid()); err == nil {
+		sum += st.ticks + st.childTicks
+	}
+	if m != nil {
+		for _, p := range m.procs {
+			sum += p.cpuTicks()
+		}
+	}
+	return sum
+}
+
+// start samples before a turn against p (nil for direct).
+func (m *meter) start(p *proxyProc) sample {
+	s := sample{at: time.Now(), proxyP: p}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		s.machine, err = parseMachineBusy(b)
+		s.machineReadable = err == nil
+	}
+	s.ours = m.ours()
+	if p != nil {
+		s.proxy = p.cpuTicks()
+	}
+	return s
+}
+
+// stop returns the proxy's CPU ticks since s and the CPUs' worth of foreign work.
+func (m *meter) stop(s sample) (proxyTicks uint64, foreign float64) {
+	e := m.start(s.proxyP)
+	if s.proxyP != nil {
+		proxyTicks = e.proxy - s.proxy
+	}
+	wall := e.at.Sub(s.at).Seconds()
+	if s.machineReadable && e.machineReadable && wall > 0 {
+		other := float64(e.machine-s.machine) - float64(e.ours-s.ours)
+		foreign = max(0, other/clockTicks/wall)
+	}
+	return proxyTicks, foreign
 }

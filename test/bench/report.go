@@ -11,12 +11,13 @@ import (
 
 // results is everything one run measured.
 type results struct {
-	opts    options
-	began   time.Time
-	elapsed time.Duration
-	env     envInfo
-	targets []*target
-	orders  []roundOrder
+	opts      options
+	began     time.Time
+	elapsed   time.Duration
+	env       envInfo
+	targets   []*target
+	orders    []roundOrder
+	discarded []string // rounds run again because the machine was busy
 
 	fixed   map[int]map[string]*rateResult // rate -> target -> pooled rounds
 	wrk     map[string][]wrkRound
@@ -193,8 +194,24 @@ func (res *results) markdown() string {
 	p("Run started %s, took %v. Machine: %d CPUs (%s), kernel %s; %s; %s (worker_processes %s: %d workers); %s.\n\n",
 		res.began.Format("2006-01-02 15:04 MST"), res.elapsed.Round(time.Second), e.cpus, e.cpuModel, e.kernel,
 		e.goVersion, e.nginx, nginxWorkers, e.nginxWorkers, e.wrk)
+	if e.loadavg != "" {
+		p("Load average when the measurements began: %s. ", e.loadavg)
+	}
+	mean, worst, turns := res.foreignLoad()
+	p("Other work on the machine during the measured turns (user+system CPU time of processes other than the harness and its children, from /proc/stat): mean %.2f CPUs, worst turn %.2f CPUs, over %d turns.", mean, worst, turns)
+	if len(res.discarded) > 0 {
+		p(" Rounds discarded and run again because other work exceeded %.2f CPUs: %s.", o.maxOther, strings.Join(res.discarded, "; "))
+	}
+	if mean > 0.25 || worst > 0.75 {
+		p(" **The machine was not quiet: treat this run's figures with extra care, and prefer the per-round pairings below.**")
+	}
+	p("\n\n")
 	p("- Upstream: `sluice mock` with zero delay (the simulator's inline fast path), its own process.\n")
-	p("- Sluice: `sluice serve --upstream http://SIM --listen ... --admin ...`, every default on (as built from this tree).\n")
+	p("- Sluice: `sluice serve --upstream http://SIM --listen ... --admin ...`, every default on (as built from this tree)")
+	if len(o.sluiceEnv) > 0 {
+		p(", environment `%s`", strings.Join(o.sluiceEnv, " "))
+	}
+	p(".\n")
 	p("- nginx: generated config, `proxy_buffering off`, `proxy_http_version 1.1`, `proxy_set_header Connection \"\"`, upstream `keepalive 256`, access log off; `worker_processes %s` = one worker per CPU, as Go's GOMAXPROCS gives Sluice.\n", nginxWorkers)
 	p("- Turns of %v per target, %d round(s) with the target order rotated each round, %v unmeasured warm-up per target per rate, %v pause between turns; streams: %d × %d tokens, %d measured round(s) after one warm-up round.\n",
 		o.duration, o.rounds, o.warmup, o.gap, o.streams, o.streamTokens, o.streamRounds)
@@ -382,12 +399,13 @@ func (res *results) markdown() string {
 	// ---- per round ----
 	p("## Per-round detail\n\n")
 	p("Each round runs the targets back to back in the order shown; added figures within one round are the fairest pairing.\n\n")
-	p("| phase | round | order | direct | sluice | nginx |\n|---|---|---|---|---|---|\n")
+	p("| phase | round | order | direct | sluice | nginx | other load (worst turn) |\n|---|---|---|---|---|---|---|\n")
 	idx := map[string]int{}
 	for _, ro := range res.orders {
 		i := idx[ro.phase]
 		idx[ro.phase]++
 		cells := map[string]string{}
+		worst := 0.0
 		for _, name := range ro.order {
 			switch {
 			case strings.HasPrefix(ro.phase, "rate"):
@@ -395,30 +413,59 @@ func (res *results) markdown() string {
 				rr := res.fixed[rate][name].rounds
 				if i < len(rr) {
 					cells[name] = fmt.Sprintf("p50 %.3f / p99 %.3f ms, %.0f req/s", ms(rr[i].p50), ms(rr[i].p99), rr[i].rate)
+					worst = max(worst, rr[i].foreign)
 				}
 			case ro.phase == "wrk":
 				if ws := res.wrk[name]; i < len(ws) {
 					cells[name] = fmt.Sprintf("%.0f req/s", ws[i].rps)
+					worst = max(worst, ws[i].foreign)
 				}
 			case ro.phase == "streams":
 				if ss := res.streams[name]; i < len(ss) {
 					cells[name] = fmt.Sprintf("TTFT p50 %.2f / p99 %.2f ms", ms(quantile(ss[i].ttft, .5)), ms(quantile(ss[i].ttft, .99)))
+					worst = max(worst, ss[i].foreign)
 				}
 			}
 		}
-		phase := ro.phase
-		if rate, ok := strings.CutPrefix(phase, "rate"); ok {
-			n, _ := strconv.Atoi(rate)
-			phase = thousands(n) + " req/s"
-		}
-		p("| %s | %d | %s | %s | %s | %s |\n", phase, ro.round+1, strings.Join(ro.order, " → "), cells["direct"], cells["sluice"], cells["nginx"])
+		phase := phaseName(ro.phase)
+		p("| %s | %d | %s | %s | %s | %s | %.2f CPUs |\n", phase, ro.round+1, strings.Join(ro.order, " → "), cells["direct"], cells["sluice"], cells["nginx"], worst)
 	}
 	p("\n")
 	if res.perf != "" {
-		p("## Profile of Sluice (perf record -F 999 -g on the sluice process)\n\n")
+		p("## Profile of Sluice (perf record -F 999 -g on the sluice process; Go CPU profile from the admin listener)\n\n")
 		p("```\n%s```\n\n", res.perf)
 	}
 	return b.String()
+}
+
+// foreignLoad summarises the CPUs' worth of other work over every measured turn.
+func (res *results) foreignLoad() (mean, worst float64, n int) {
+	add := func(v float64) {
+		mean += v
+		worst = max(worst, v)
+		n++
+	}
+	for _, byTarget := range res.fixed {
+		for _, r := range byTarget {
+			for _, rr := range r.rounds {
+				add(rr.foreign)
+			}
+		}
+	}
+	for _, ws := range res.wrk {
+		for _, w := range ws {
+			add(w.foreign)
+		}
+	}
+	for _, ss := range res.streams {
+		for _, sr := range ss {
+			add(sr.foreign)
+		}
+	}
+	if n > 0 {
+		mean /= float64(n)
+	}
+	return mean, worst, n
 }
 
 // cpuAt is a proxy's CPU per request in µs at a fixed rate.
