@@ -32,6 +32,15 @@ type Request struct {
 type Decision struct {
 	// Reject, when non-nil, is the error the client gets (status, OpenAI error body, Retry-After).
 	Reject *openai.Error
+	// Header, when non-nil, is added to the client's response whatever happens next (e.g. the
+	// x-ratelimit-* headers).
+	Header http.Header
+	// CapMaxTokens, when > 0, lowers the request's max_tokens to at most this before it is sent
+	// (staged degradation).
+	CapMaxTokens int
+	// Reroute, when set, sends the request to this cluster instead of the route's plan (e.g. an
+	// oversized prompt to a long-context cluster).
+	Reroute string
 	// Done, when non-nil, is called once with the request's Outcome (e.g. to release a slot or
 	// reconcile a token charge). It must not block.
 	Done func(Outcome)
@@ -66,6 +75,18 @@ type Outcome struct {
 	InputTokens  int           // usage.prompt_tokens, else the estimate
 	OutputTokens int           // usage.completion_tokens, else the tap's count
 }
+
+// Clock is the one time source of policies, injected so that breakers, limiters and batchers
+// are tested without sleeping.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
 
 // Observer learns from finished requests. Observe must not block.
 type Observer interface {
