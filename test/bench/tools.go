@@ -37,13 +37,12 @@ func ensureTools(ctx context.Context, logf func(string, ...any)) error {
 		args := append([]string{"install", "-y", "--no-install-recommends"}, missing...)
 		return runCmd(ctx, 5*time.Minute, []string{"DEBIAN_FRONTEND=noninteractive"}, "apt-get", args...)
 	}
-	out, err := install()
-	if err != nil {
+	if _, err := install(); err != nil {
 		logf("apt-get install failed; running apt-get update once and retrying")
 		if uout, uerr := runCmd(ctx, 5*time.Minute, []string{"DEBIAN_FRONTEND=noninteractive"}, "apt-get", "update"); uerr != nil {
 			return fmt.Errorf("apt-get update failed (%v): %s\n%s", uerr, tail(uout, 10), hint)
 		}
-		if out, err = install(); err != nil {
+		if out, err := install(); err != nil {
 			return fmt.Errorf("apt-get install %s failed (%v): %s\n%s", strings.Join(missing, " "), err, tail(out, 10), hint)
 		}
 	}
