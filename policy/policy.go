@@ -22,6 +22,7 @@ type Request struct {
 	ID       string      // x-request-id
 	Route    string      // matched route name
 	Tenant   string      // tenant name ("" when anonymous)
+	Client   string      // the client's IP address (the peer's; X-Forwarded-For is not trusted)
 	Session  string      // X-Session-ID, else the body's user field
 	GrayFlag string      // value of the gray-flag header
 	Header   http.Header // the client's headers (read-only)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/hex"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -140,6 +141,16 @@ func sessionOf(r *http.Request, req *openai.Request) string {
 // isAPIPath reports whether p is under /v1/. A path with a "." or ".." segment is not: an
 // upstream (or a proxy in front of it) that normalises it would serve a path outside /v1/, or
 // another route's endpoint than the one matched.
+// clientOf is the client's address: the peer's IP. (X-Forwarded-For is not trusted: any
+// client could send one.)
+func clientOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
 func isAPIPath(p string) bool {
 	return (strings.HasPrefix(p, "/v1/") || p == "/v1") && !hasDotSegment(p)
 }

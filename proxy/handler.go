@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -38,10 +40,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// 2. identify: request id, session; tenants arrive with the rate-limit policy.
+	// 2. identify: request id, tenant (API key), session, gray flag.
 	preq := &policy.Request{
 		Request: req, ID: ex.id, Header: r.Header, Arrival: ex.start,
-		Session: sessionOf(r, req),
+		Session: sessionOf(r, req), GrayFlag: r.Header.Get("X-Gray-Flag"),
+		Client: clientOf(r),
+	}
+	if st.tenants != nil {
+		preq.Tenant, _ = st.tenants.Identify(r.Header)
 	}
 	ex.preq = preq
 
@@ -64,19 +70,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 4. admit: the route's policy chain (rate limits, guard, concurrency) in order.
-	done, rej := h.admit(ctx, st, preq)
+	adm := h.admit(ctx, st, ex, preq)
 	defer func() {
-		for _, d := range done {
+		for _, d := range adm.done {
 			d(ex.outcome)
 		}
 	}()
-	if rej != nil {
-		h.finish(ctx, ex, st, rt, span, failure(rej))
+	if adm.reject == nil && adm.capMaxTokens > 0 {
+		adm.reject = capMaxTokens(preq, adm.capMaxTokens)
+	}
+	if adm.reject != nil {
+		h.finish(ctx, ex, st, rt, span, failure(adm.reject))
 		return
 	}
 
-	// 5. plan: the ordered candidates (primary, then fallbacks).
+	// 5. plan: the ordered candidates (primary, then fallbacks), or where a policy rerouted.
 	plan := st.plan(ctx, rt, preq)
+	if adm.reroute != "" {
+		plan = []policy.Candidate{{Cluster: adm.reroute}}
+	}
 
 	// 6–9. pick, send, relay, retry: failures before the first byte move to the next try.
 	res := h.forward(ctx, ex, st, rt, plan)
@@ -119,30 +131,63 @@ func (h *Handler) parse(r *http.Request, kind openai.Kind, st *state) (*openai.R
 	return req, nil
 }
 
-// admit runs the route's Admitters in order. It returns the Done callbacks of those that
-// admitted, and the first rejection.
-func (h *Handler) admit(ctx context.Context, st *state, r *policy.Request) ([]func(policy.Outcome), *openai.Error) {
-	chain := st.admitters[r.Route]
-	if len(chain) == 0 {
-		return nil, nil
-	}
-	var done []func(policy.Outcome)
-	for _, a := range chain {
-		d, err := a.Admit(ctx, r)
+// admission is what the route's Admitters decided together.
+type admission struct {
+	done         []func(policy.Outcome) // Done callbacks of those that admitted
+	reject       *openai.Error          // the first rejection
+	capMaxTokens int                    // the lowest max_tokens cap asked for
+	reroute      string                 // the first reroute asked for
+}
+
+// admit runs the route's Admitters in order, stopping at the first rejection. Headers a
+// policy sets (x-ratelimit-*) go on the response whatever happens next.
+func (h *Handler) admit(ctx context.Context, st *state, ex *exchange, r *policy.Request) admission {
+	var a admission
+	for _, p := range st.admitters[r.Route] {
+		d, err := p.Admit(ctx, r)
 		if err != nil {
 			if ctx.Err() != nil {
-				return done, classError(causeClass(ctx), 0)
+				a.reject = classError(causeClass(ctx), 0)
+			} else {
+				a.reject = openai.NewError(http.StatusInternalServerError, "server_error", "policy_error", err.Error())
 			}
-			return done, openai.NewError(http.StatusInternalServerError, "server_error", "policy_error", err.Error())
+			return a
+		}
+		for k, vs := range d.Header {
+			ex.w.Header()[k] = vs
 		}
 		if d.Done != nil {
-			done = append(done, d.Done)
+			a.done = append(a.done, d.Done)
 		}
 		if d.Reject != nil {
-			return done, d.Reject
+			a.reject = d.Reject
+			return a
+		}
+		if d.CapMaxTokens > 0 && (a.capMaxTokens == 0 || d.CapMaxTokens < a.capMaxTokens) {
+			a.capMaxTokens = d.CapMaxTokens
+		}
+		if a.reroute == "" {
+			a.reroute = d.Reroute
 		}
 	}
-	return done, nil
+	return a
+}
+
+// capMaxTokens lowers the request's output budget (staged degradation), rewriting the body.
+func capMaxTokens(r *policy.Request, limit int) *openai.Error {
+	if r.Body == nil || (r.MaxTokens > 0 && r.MaxTokens <= limit) {
+		return nil
+	}
+	v := []byte(strconv.Itoa(limit))
+	body, err := openai.SetField(r.Body, "max_tokens", v)
+	if err == nil && bytes.Contains(body, []byte(`"max_completion_tokens"`)) {
+		body, err = openai.SetField(body, "max_completion_tokens", v)
+	}
+	if err != nil {
+		return openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error())
+	}
+	r.Body, r.MaxTokens = body, limit
+	return nil
 }
 
 // finish settles the request: writes the error if nothing reached the client, tells the

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/telemetry"
@@ -53,6 +55,7 @@ type Server struct {
 	wg            sync.WaitGroup
 	stopWatch     context.CancelFunc
 	reloadsFailed atomic.Int64
+	metricsReg    metric.Registration
 }
 
 // state is one immutable generation of the running config: the compiled routes and the live
@@ -63,7 +66,14 @@ type state struct {
 	plans     [][]policy.Candidate // by route index
 	admitters map[string][]policy.Admitter
 	observers map[string][]policy.Observer
+	tenants   tenantResolver // nil when no tenants are configured
+	policies  []*builtPolicy
 	stop      context.CancelFunc // stops this generation's health checks
+}
+
+// tenantResolver names the tenant of a request from its API key.
+type tenantResolver interface {
+	Identify(h http.Header) (tenant string, ok bool)
 }
 
 type clusterState struct {
@@ -102,6 +112,9 @@ func New(opts Options) (*Server, error) {
 	}
 	s.state.Store(st)
 	s.tel.SetConfigInfo(opts.Config.Version)
+	if s.metricsReg, err = s.policyMetrics(s.tel.Meter()); err != nil {
+		return nil, fmt.Errorf("policy metrics: %w", err)
+	}
 	return s, nil
 }
 
@@ -133,11 +146,28 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 		}
 		st.clusters[cc.Name] = &clusterState{Cluster: cl, apiKey: cc.APIKey.Reveal()}
 	}
-	for _, cl := range st.clusters {
-		cl.Start(ctx)
-	}
 	for _, r := range st.snap.Routes {
 		st.plans = append(st.plans, []policy.Candidate{{Cluster: r.Cluster, Model: r.Model}})
+	}
+	fail := func(err error) (*state, error) {
+		st.stop()
+		for _, cl := range st.clusters {
+			cl.Close()
+		}
+		return nil, err
+	}
+	kr, err := buildKeyring(c)
+	if err != nil {
+		return fail(err)
+	}
+	if kr != nil {
+		st.tenants = kr
+	}
+	if err := s.buildPolicies(st, prev); err != nil {
+		return fail(err)
+	}
+	for _, cl := range st.clusters {
+		cl.Start(ctx)
 	}
 	return st, nil
 }
@@ -302,6 +332,7 @@ func (s *Server) reloadLocked() error {
 	for _, cl := range old.clusters {
 		cl.Close()
 	}
+	retire(old, st)
 	s.tel.SetConfigInfo(c.Version)
 	s.log.Info("config reloaded", "file", s.opts.ConfigPath, "version", c.Version)
 	return nil
@@ -366,6 +397,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, cl := range st.clusters {
 		cl.Close()
 	}
+	retire(st, &state{})
+	_ = s.metricsReg.Unregister()
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

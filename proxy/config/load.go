@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -62,8 +63,12 @@ func LoadFile(file string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	c, err := Parse(data)
+	c, err := decode(data)
 	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	c.resolvePaths(filepath.Dir(file))
+	if err := c.Finish(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", file, err)
 	}
 	c.Source = file
@@ -71,7 +76,20 @@ func LoadFile(file string) (*Config, error) {
 }
 
 // Parse decodes YAML strictly (unknown keys are errors), applies defaults and validates.
+// Relative file paths stay relative to the working directory (LoadFile makes them relative
+// to the config file).
 func Parse(data []byte) (*Config, error) {
+	c, err := decode(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Finish(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func decode(data []byte) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -80,10 +98,24 @@ func Parse(data []byte) (*Config, error) {
 	}
 	sum := sha256.Sum256(data)
 	c.Version = hex.EncodeToString(sum[:6])
-	if err := c.Finish(); err != nil {
-		return nil, err
-	}
 	return &c, nil
+}
+
+// resolvePaths makes the file paths of a config file relative to the file's folder.
+func (c *Config) resolvePaths(dir string) {
+	abs := func(p *string) {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
+	}
+	abs(&c.TLS.CertFile)
+	abs(&c.TLS.KeyFile)
+	for i := range c.Clusters {
+		abs(&c.Clusters[i].TLS.CAFile)
+	}
+	for i := range c.Tenants {
+		abs(&c.Tenants[i].KeysFile)
+	}
 }
 
 // FromUpstreams builds the one-route, one-cluster config of `sluice serve --upstream URL`.
@@ -292,6 +324,29 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	tenants := map[string]bool{}
+	for i, t := range c.Tenants {
+		at := fmt.Sprintf("tenants[%d]", i)
+		switch {
+		case t.Name == "":
+			add("%s.name: required", at)
+		case tenants[t.Name]:
+			add("%s.name: duplicate tenant %q", at, t.Name)
+		}
+		tenants[t.Name] = true
+		if t.KeysEnv == "" && t.KeysFile == "" {
+			add("%s: keys_env or keys_file is required", at)
+		}
+		if t.KeysEnv != "" && os.Getenv(t.KeysEnv) == "" {
+			add("%s.keys_env: environment variable %s is empty or unset", at, t.KeysEnv)
+		}
+		if t.KeysFile != "" {
+			if _, err := os.Stat(t.KeysFile); err != nil {
+				add("%s.keys_file: %v", at, err)
+			}
+		}
+	}
+
 	if len(c.Routes) == 0 {
 		add("routes: at least one route is required")
 	}
@@ -322,6 +377,11 @@ func (c *Config) Validate() error {
 			}
 		}
 		checkTimeouts(add, at+".timeouts", r.Timeouts)
+		for j, ps := range r.Policies {
+			if ps.Type == "" {
+				add("%s.policies[%d].type: required", at, j)
+			}
+		}
 	}
 	if len(p) > 0 {
 		return &ValidationError{Problems: p}

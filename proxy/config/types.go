@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/sluicegw/sluice/policy"
 )
 
 // Config is the whole gateway configuration.
@@ -32,6 +34,8 @@ type Config struct {
 	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
 	// Admin is the separate admin listener (/healthz, /readyz, /metrics, /admin/...).
 	Admin Admin `yaml:"admin" json:"admin"`
+	// Tenants are identified by their API keys (Authorization: Bearer KEY).
+	Tenants []Tenant `yaml:"tenants" json:"tenants,omitempty"`
 	// Clusters are the upstream model-server pools.
 	Clusters []Cluster `yaml:"clusters" json:"clusters"`
 	// Routes are matched in order; the first match serves the request.
@@ -152,6 +156,18 @@ type Route struct {
 	// Model, when set, rewrites the request's model name before it is sent upstream.
 	Model    string   `yaml:"model" json:"model,omitempty"`
 	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
+	// Policies run on the route's requests: {type, name, params}, built by the policy registry.
+	Policies []policy.Spec `yaml:"policies" json:"policies,omitempty"`
+}
+
+// Tenant is a client of the gateway, known by its API keys. Keys come by value from an
+// environment variable (comma-separated) or a file (one per line) and are never logged.
+type Tenant struct {
+	Name     string `yaml:"name" json:"name"`
+	KeysEnv  string `yaml:"keys_env" json:"keys_env,omitempty"`
+	KeysFile string `yaml:"keys_file" json:"keys_file,omitempty"`
+	// Priority orders tenants when a saturated route sheds load: lower is shed first.
+	Priority int `yaml:"priority" json:"priority"`
 }
 
 // Match selects requests. Every given field must match; an empty Match matches everything.

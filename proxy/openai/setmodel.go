@@ -8,6 +8,13 @@ package openai
 // "model", one is added right after the opening '{'. body itself is never modified. The
 // error is a 400 *Error with code "invalid_json" if body is not a JSON object.
 func SetModel(body []byte, model string) ([]byte, error) {
+	var qb [128]byte
+	return SetField(body, "model", appendQuoted(qb[:0], model))
+}
+
+// SetField is SetModel for any top-level key: it sets key to value (raw JSON, e.g. `512` or
+// `"x"`), replacing every top-level occurrence, or adding it after the opening '{'.
+func SetField(body []byte, key string, value []byte) ([]byte, error) {
 	c := cur{b: body}
 	if c.peek() != '{' {
 		if c.i >= len(body) {
@@ -25,12 +32,12 @@ func SetModel(body []byte, model string) ([]byte, error) {
 		empty = true
 	)
 	for first := true; ; {
-		key, esc, ok := c.member(&first)
+		k, esc, ok := c.member(&first)
 		if !ok {
 			break
 		}
 		empty = false
-		if equalString(key, esc, "model") {
+		if equalString(k, esc, key) {
 			start := c.i
 			c.skip(nil)
 			spans = append(spans, [2]int{start, c.i})
@@ -46,12 +53,12 @@ func SetModel(body []byte, model string) ([]byte, error) {
 	if !c.ok() {
 		return nil, syntaxError(body, c.off, c.msg)
 	}
-	var qb [128]byte
-	q := appendQuoted(qb[:0], model)
+	q := value
 	if len(spans) == 0 {
-		out := make([]byte, 0, len(body)+len(`"model":,`)+len(q))
+		out := make([]byte, 0, len(body)+len(key)+4+len(q))
 		out = append(out, body[:open+1]...)
-		out = append(out, `"model":`...)
+		out = appendQuoted(out, key)
+		out = append(out, ':')
 		out = append(out, q...)
 		if !empty {
 			out = append(out, ',')

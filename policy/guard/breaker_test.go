@@ -1,0 +1,176 @@
+package guard
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluicegw/sluice/policy"
+)
+
+// Breaker tests use short real durations: gobreaker reads time.Now itself. Waits are
+// bounded polls, never timing assertions.
+
+func breakerParams() Params {
+	return Params{
+		MaxDepth: 2,
+		Breaker: BreakerParams{Window: policy.Duration(10 * time.Second), MinRequests: 2, FailureRatio: 0.5,
+			OpenFor: policy.Duration(200 * time.Millisecond), HalfOpenProbes: 2},
+	}
+}
+
+func deep(t testing.TB, tenant string) *policy.Request { return chat(t, tenant, 0, nested(5)) }
+
+// poll calls f until it returns true, for at most 5 s.
+func poll(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if f() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func breakerOf(g *Guard, tenant string) BreakerInfo {
+	for _, b := range g.Snapshot().Breakers {
+		if b.Tenant == tenant {
+			return b
+		}
+	}
+	return BreakerInfo{}
+}
+
+func TestBreakerIsolatesTenant(t *testing.T) {
+	g := newGuard(t, breakerParams(), newClock())
+	// Tenant a explodes twice: its breaker opens.
+	for range 2 {
+		wantReject(t, admit(t, g, deep(t, "a")), 400, CodePromptTooDeep)
+	}
+	if st := breakerOf(g, "a").State; st != "open" {
+		t.Fatalf("a's breaker is %s, want open", st)
+	}
+	// a's normal requests get 503 with Retry-After; b is untouched.
+	d := admit(t, g, chat(t, "a", 0, "hello"))
+	wantReject(t, d, 503, CodeBreakerOpen, "open")
+	if d.Reject.RetryAfter <= 0 || d.Reject.RetryAfter > 200*time.Millisecond {
+		t.Fatalf("Retry-After %s, want in (0, 200ms]", d.Reject.RetryAfter)
+	}
+	for range 5 {
+		admitOK(t, g, chat(t, "b", 0, "hello"), ok200)
+	}
+	snap := g.Snapshot()
+	if len(snap.Breakers) != 2 || snap.Breakers[0].Tenant != "a" || snap.Breakers[1].State != "closed" ||
+		snap.Breakers[0].Trips != 1 || snap.Breakers[0].OpenedAt.IsZero() || snap.Breakers[0].RetryAfter <= 0 || snap.Route != "chat" {
+		t.Fatalf("snapshot %+v", snap)
+	}
+	if s := g.Stats(); s.Rejected[CodeBreakerOpen] != 1 || s.Trips != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	// After the open period: half-open lets two probes through, not a third.
+	var probe1 policy.Decision
+	poll(t, "a's breaker to let a probe through", func() bool {
+		probe1 = admit(t, g, chat(t, "a", 0, "hello"))
+		return probe1.Reject == nil
+	})
+	probe2 := admit(t, g, chat(t, "a", 0, "hello"))
+	if probe2.Reject != nil {
+		t.Fatalf("second probe rejected: %v", probe2.Reject)
+	}
+	wantReject(t, admit(t, g, chat(t, "a", 0, "hello")), 503, CodeBreakerOpen, "half-open")
+	// Both probes succeed: it closes by itself.
+	probe1.Done(ok200)
+	probe2.Done(ok200)
+	if st := breakerOf(g, "a").State; st != "closed" {
+		t.Fatalf("a's breaker is %s after successful probes, want closed", st)
+	}
+	admitOK(t, g, chat(t, "a", 0, "hello"), ok200)
+}
+
+func TestBreakerHalfOpenExplosionReopens(t *testing.T) {
+	g := newGuard(t, breakerParams(), newClock())
+	for range 2 {
+		admit(t, g, deep(t, "a"))
+	}
+	poll(t, "half-open", func() bool { return breakerOf(g, "a").State == "half-open" })
+	wantReject(t, admit(t, g, deep(t, "a")), 400, CodePromptTooDeep)
+	if st := breakerOf(g, "a").State; st != "open" {
+		t.Fatalf("state %s after an explosion while half-open, want open", st)
+	}
+	if tr := breakerOf(g, "a").Trips; tr != 2 {
+		t.Fatalf("trips %d, want 2", tr)
+	}
+}
+
+func TestBreakerExcludedOutcomes(t *testing.T) {
+	g := newGuard(t, breakerParams(), newClock())
+	wantReject(t, admit(t, g, deep(t, "a")), 400, CodePromptTooDeep)
+	for _, o := range []policy.Outcome{
+		{Status: 499, ErrorClass: "client_cancel"},
+		{Status: 400, ErrorClass: "upstream_4xx"},
+		{Status: 502, ErrorClass: "upstream_5xx"},
+		{Status: 504, ErrorClass: "ttft_timeout"},
+		{Status: 200, ErrorClass: "stream_cut"},
+	} {
+		admitOK(t, g, chat(t, "a", 0, "hi"), o)
+	}
+	b := breakerOf(g, "a")
+	if b.State != "closed" || b.Failures != 1 || b.Successes != 0 || b.Excluded != 5 {
+		t.Fatalf("breaker %+v, want closed with 1 failure, 5 excluded", b)
+	}
+	// One success and one more explosion: 2 counted, half failures: it trips.
+	admitOK(t, g, chat(t, "a", 0, "hi"), ok200)
+	if st := breakerOf(g, "a").State; st != "closed" {
+		t.Fatalf("state %s", st)
+	}
+	admit(t, g, deep(t, "a"))
+	if st := breakerOf(g, "a").State; st != "open" {
+		t.Fatalf("state %s, want open", st)
+	}
+}
+
+func TestBreakerResetAndBound(t *testing.T) {
+	p := breakerParams()
+	p.Breaker.MaxBreakers = 3
+	p.Breaker.OpenFor = policy.Duration(time.Hour)
+	clk := newClock()
+	g := newGuard(t, p, clk)
+	for range 2 {
+		admit(t, g, deep(t, "a"))
+		admit(t, g, deep(t, "b"))
+	}
+	if breakerOf(g, "a").State != "open" || breakerOf(g, "b").State != "open" {
+		t.Fatal("breakers not open")
+	}
+	// Full set: the least recently used closed breaker goes, open ones stay.
+	for _, tenant := range []string{"c", "d", "e"} {
+		clk.Advance(time.Second)
+		admitOK(t, g, chat(t, tenant, 0, "hi"), ok200)
+	}
+	snap := g.Snapshot()
+	if len(snap.Breakers) != 3 || breakerOf(g, "a").State != "open" || breakerOf(g, "b").State != "open" || breakerOf(g, "e").Tenant != "e" {
+		t.Fatalf("after eviction: %+v", snap.Breakers)
+	}
+	if n := g.Reset("a"); n != 1 {
+		t.Fatalf("Reset(a) dropped %d", n)
+	}
+	admitOK(t, g, chat(t, "a", 0, "hi"), ok200)
+	wantReject(t, admit(t, g, chat(t, "b", 0, "hi")), 503, CodeBreakerOpen)
+	if n := g.Reset(""); n != 3 {
+		t.Fatalf("Reset(all) dropped %d", n)
+	}
+	admitOK(t, g, chat(t, "b", 0, "hi"), ok200)
+}
+
+func TestBreakerDisabled(t *testing.T) {
+	p := breakerParams()
+	p.Disable = []string{SignalBreaker}
+	g := newGuard(t, p, newClock())
+	for range 10 {
+		admit(t, g, deep(t, "a"))
+	}
+	admitOK(t, g, chat(t, "a", 0, "hi"), ok200)
+	if n := len(g.Snapshot().Breakers); n != 0 {
+		t.Fatalf("%d breakers with breakers disabled", n)
+	}
+}

@@ -1,0 +1,612 @@
+// Package guard is the prompt-explosion guard: a policy.Admitter and policy.Observer that
+// rejects requests whose size or shape would starve everyone else on the model server,
+// isolates the tenants that send them with per-(route, tenant) circuit breakers, and degrades
+// a route in stages when explosions or load pile up. It is registered as policy type "guard".
+//
+// Signals, checked in Admit on the parsed request, cheapest first; a value above its limit
+// fails (at the limit passes):
+//
+//	signal              param                     status code                     default
+//	structural depth    max_depth                 400    prompt_too_deep          5
+//	messages            max_messages              400    too_many_messages        off
+//	prompt tokens       max_prompt_tokens         413    prompt_too_large         off
+//	tokens + max_tokens context_window(s)         413    context_length_exceeded  known models
+//	surge               surge_factor × p95        413    prompt_surge             3 × p95, after 100
+//	repetition          max_repetition            400    prompt_repetitive        off
+//
+// The messages name the measured value and the limit, e.g. "prompt is 40213 tokens, the
+// route's limit is 32000". A tenant whose breaker is open gets 503 tenant_breaker_open with
+// Retry-After; a tenant shed at degradation level 2 gets 503 load_shed.
+//
+// Token counts: the fast estimate (openai.Request.PromptTokens, which errs high) decides,
+// except when it is near a size limit (from 0.65× to 1.54× the limit with the default
+// exact_margin of 0.35; see Params.ExactMargin for the measured error): then the prompt's text is
+// extracted from the body once and counted with the model's tiktoken encoding, and that count
+// decides every size signal. At most exact_concurrency exact counts run at once; when none is
+// free the estimate decides (see exact.go for why encoders are shared).
+//
+// Surge: the route's baseline is a sliding window (surge_window in surge_buckets buckets) of
+// fixed-size log-binned histograms of prompt tokens (surge.go). Only requests this guard
+// admitted (not rerouted) that ended in success feed it, so a burst of explosions cannot
+// raise its own baseline. The signal applies once the window holds surge_min_requests prompts.
+//
+// Settling: every admitted request must be settled once, through Decision.Done or Observe,
+// whichever comes first (the other is then a no-op). Settling releases the in-flight count,
+// reports to the tenant's breaker and feeds the baseline. A request never settled leaves its
+// breaker with a request in flight (a half-open breaker waits for its probes).
+//
+// Priorities (for shedding at level 2) come from SetPriorities, which the gateway fills from
+// its tenants config; a tenant without one has priority 0. They are not read from a request
+// header: a client could raise its own priority.
+//
+// Everything the guard times itself (surge window, degradation) uses env.Clock; the breakers
+// use real time (see breakers.go). The guard starts no goroutine.
+package guard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// Error codes of the guard's rejections.
+const (
+	CodePromptTooLarge  = "prompt_too_large"
+	CodeContextLength   = "context_length_exceeded"
+	CodePromptTooDeep   = "prompt_too_deep"
+	CodeTooManyMessages = "too_many_messages"
+	CodeRepetitive      = "prompt_repetitive"
+	CodeSurge           = "prompt_surge"
+	CodeBreakerOpen     = "tenant_breaker_open"
+	CodeLoadShed        = "load_shed"
+)
+
+func init() { policy.Register("guard", factory) }
+
+func factory(params json.RawMessage, env policy.Env) (any, error) {
+	var p Params
+	if err := policy.DecodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	return New(p, env)
+}
+
+// Guard is the prompt-explosion guard of one route. It is safe for concurrent use.
+type Guard struct {
+	p     Params // with defaults
+	clock policy.Clock
+	route string
+
+	on struct{ promptTokens, contextWindow, depth, messages, repetition, surge, breaker bool }
+
+	ctxWindows []pattern[int]
+	encodings  []pattern[string]
+	exactSem   chan struct{}
+
+	baseMu sync.RWMutex
+	bases  map[string]*baseline
+
+	breakers *breakerSet
+	trips    atomic.Uint64
+
+	deg        degrader
+	inflight   atomic.Int64
+	priorities atomic.Pointer[map[string]int]
+
+	tickets sync.Map // *policy.Request -> *ticket
+
+	admitted, rerouted, capped, exact, exactSkipped atomic.Uint64
+	rejected                                        [len(codesArr)]atomic.Uint64
+}
+
+var codesArr = [8]string{CodePromptTooLarge, CodeContextLength, CodePromptTooDeep, CodeTooManyMessages,
+	CodeRepetitive, CodeSurge, CodeBreakerOpen, CodeLoadShed}
+
+// New builds a Guard from p (zero fields take their defaults) after validating it whole.
+func New(p Params, env policy.Env) (*Guard, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	p = p.WithDefaults()
+	if env.Clock == nil {
+		env.Clock = policy.SystemClock{}
+	}
+	g := &Guard{p: p, clock: env.Clock, route: env.Route, bases: map[string]*baseline{}}
+	g.on.promptTokens = p.MaxPromptTokens > 0 && !p.disabled(SignalPromptTokens)
+	g.on.contextWindow = !p.disabled(SignalContextWindow)
+	g.on.depth = p.MaxDepth > 0 && !p.disabled(SignalDepth)
+	g.on.messages = p.MaxMessages > 0 && !p.disabled(SignalMessages)
+	g.on.repetition = p.MaxRepetition > 0 && !p.disabled(SignalRepetition)
+	g.on.surge = !p.disabled(SignalSurge)
+	g.on.breaker = !p.disabled(SignalBreaker)
+	for _, k := range sortedKeys(p.ContextWindows) {
+		g.ctxWindows = append(g.ctxWindows, pattern[int]{k, p.ContextWindows[k]})
+	}
+	for _, k := range sortedKeys(p.Encodings) {
+		g.encodings = append(g.encodings, pattern[string]{k, p.Encodings[k]})
+	}
+	g.exactSem = make(chan struct{}, p.ExactConcurrency)
+	g.breakers = newBreakerSet(p.Breaker, func() { g.trips.Add(1) })
+	g.deg = degrader{
+		tripsPerMin: p.Degrade.TripsPerMinute,
+		saturation:  p.Degrade.SaturationInflight,
+		coolDown:    p.Degrade.CoolDown.D(),
+	}
+	return g, nil
+}
+
+// Default builds the guard a route gets without guard config: depth limit 5, surge over 3 ×
+// the rolling p95 once 100 prompts are in the window, the model's context window when known,
+// and the breakers with their defaults.
+func Default(env policy.Env) (*Guard, error) { return New(Params{}, env) }
+
+// Params returns the guard's params, defaults filled in.
+func (g *Guard) Params() Params { return g.p }
+
+// SetPriorities sets the tenants' priorities used for shedding at level 2 (higher is more
+// important; tenants not in m have 0). It is safe to call while the guard serves.
+func (g *Guard) SetPriorities(m map[string]int) {
+	c := make(map[string]int, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	g.priorities.Store(&c)
+}
+
+func (g *Guard) priority(tenant string) int {
+	if m := g.priorities.Load(); m != nil {
+		return (*m)[tenant]
+	}
+	return 0
+}
+
+// WarmUp builds the tiktoken encoders the guard may use, so the first exact count does not
+// pay for it (a few hundred ms each).
+func (g *Guard) WarmUp() error {
+	names := map[string]bool{defaultEncoding: true}
+	for _, p := range g.encodings {
+		names[p.v] = true
+	}
+	for _, p := range builtinEncodings {
+		names[p.v] = true
+	}
+	for n := range names {
+		if _, err := encoder(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ContextWindow returns the context window the guard uses for model (0: unknown).
+func (g *Guard) ContextWindow(model string) int {
+	if v, ok := lookup(g.ctxWindows, model); ok {
+		return v
+	}
+	if g.p.ContextWindow > 0 {
+		return g.p.ContextWindow
+	}
+	v, _ := lookup(builtinContextWindows, model)
+	return v
+}
+
+// Encoding returns the tiktoken encoding the guard uses for model.
+func (g *Guard) Encoding(model string) string {
+	if v, ok := lookup(g.encodings, model); ok {
+		return v
+	}
+	if v, ok := lookup(builtinEncodings, model); ok {
+		return v
+	}
+	return defaultEncoding
+}
+
+func (g *Guard) baseline(route string) *baseline {
+	g.baseMu.RLock()
+	b := g.bases[route]
+	g.baseMu.RUnlock()
+	if b != nil {
+		return b
+	}
+	g.baseMu.Lock()
+	defer g.baseMu.Unlock()
+	if b = g.bases[route]; b == nil {
+		b = newBaseline(g.p.SurgeWindow.D(), g.p.SurgeBuckets)
+		g.bases[route] = b
+	}
+	return b
+}
+
+func (g *Guard) routeOf(r *policy.Request) string {
+	if r.Route != "" {
+		return r.Route
+	}
+	return g.route
+}
+
+func (g *Guard) level(now time.Time) int {
+	return g.deg.eval(now, g.trips.Load(), g.inflight.Load())
+}
+
+// Level returns the route's degradation level (0, 1 or 2) now.
+func (g *Guard) Level() int { return g.level(g.clock.Now()) }
+
+// Admit checks the request against the tenant's breaker, the degradation level and the
+// signals. A rejection is in Decision.Reject (the error is always nil).
+func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, error) {
+	if r == nil || r.Request == nil {
+		return policy.Decision{}, nil
+	}
+	switch r.Kind {
+	case openai.KindChat, openai.KindCompletion, openai.KindEmbedding:
+	default:
+		return policy.Decision{}, nil
+	}
+	now := g.clock.Now()
+	route := g.routeOf(r)
+	level := g.level(now)
+
+	var done func(error)
+	if g.on.breaker {
+		br := g.breakers.get(route, breakerIdentity(r), now)
+		d, err := br.cb.Allow()
+		if err != nil {
+			return g.reject(breakerError(br, err, g.p.Breaker.OpenFor.D())), nil
+		}
+		done = d
+	}
+	if level >= 2 {
+		if pr := g.priority(r.Tenant); pr < g.p.Degrade.ShedBelowPriority {
+			if done != nil {
+				done(errExcluded)
+			}
+			e := openai.NewError(http.StatusServiceUnavailable, "server_error", CodeLoadShed,
+				fmt.Sprintf("the route is saturated (degradation level 2): requests of priority below %d are shed, this tenant's priority is %d", g.p.Degrade.ShedBelowPriority, pr))
+			e.RetryAfter = time.Second
+			return g.reject(e), nil
+		}
+	}
+
+	maxTokens := r.MaxTokens
+	capTo := 0
+	if level >= 1 && g.p.Degrade.Level1MaxTokens > 0 && (maxTokens == 0 || maxTokens > g.p.Degrade.Level1MaxTokens) {
+		capTo = g.p.Degrade.Level1MaxTokens
+		maxTokens = capTo
+	}
+	m := measurement{}
+	defer m.release()
+	rej, tokens := g.check(r, route, level, maxTokens, now, &m)
+	reroute := ""
+	if rej != nil && level >= 1 && g.p.Degrade.LongContextCluster != "" &&
+		(rej.Code == CodePromptTooLarge || rej.Code == CodeSurge) {
+		// Rerouted instead of rejected; still an explosion for the tenant's breaker. A shape
+		// signal checked after the size signals may still reject it.
+		reroute = g.p.Degrade.LongContextCluster
+		rej = g.checkRepetition(r, &m)
+	}
+	if rej != nil || reroute != "" {
+		if done != nil {
+			done(errExplosion)
+			done = nil
+		}
+	}
+	if rej != nil {
+		return g.reject(rej), nil
+	}
+
+	g.admitted.Add(1)
+	g.inflight.Add(1)
+	t := &ticket{g: g, req: r, done: done, route: route, tokens: tokens, feed: reroute == ""}
+	dec := policy.Decision{Done: t.settle, Reroute: reroute, CapMaxTokens: capTo}
+	if reroute != "" {
+		g.rerouted.Add(1)
+	}
+	if capTo > 0 {
+		g.capped.Add(1)
+	}
+	g.tickets.Store(r, t)
+	return dec, nil
+}
+
+// breakerIdentity is whom a breaker isolates: the tenant, or for anonymous requests the
+// client's address, so that one anonymous sender of explosions does not cut off every other.
+func breakerIdentity(r *policy.Request) string {
+	if r.Tenant == "" && r.Client != "" {
+		return "client:" + r.Client
+	}
+	return r.Tenant
+}
+
+func (g *Guard) reject(e *openai.Error) policy.Decision {
+	for i, c := range codesArr {
+		if c == e.Code {
+			g.rejected[i].Add(1)
+		}
+	}
+	return policy.Decision{Reject: e}
+}
+
+func breakerError(br *breaker, err error, openFor time.Duration) *openai.Error {
+	var e *openai.Error
+	if err == gobreaker.ErrTooManyRequests {
+		e = openai.NewError(http.StatusServiceUnavailable, "server_error", CodeBreakerOpen,
+			"this tenant's breaker for the route is half-open and its probe requests are in flight; retry shortly")
+		e.RetryAfter = time.Second
+		return e
+	}
+	ra := br.retryAfter(openFor)
+	e = openai.NewError(http.StatusServiceUnavailable, "server_error", CodeBreakerOpen,
+		fmt.Sprintf("this tenant's breaker for the route is open after repeated oversized or malformed prompts; it lets requests through again in %s", ra.Round(time.Second)))
+	e.RetryAfter = ra
+	return e
+}
+
+// measurement holds what Admit computed about a request's text, reused between signals.
+type measurement struct {
+	pt        *promptText
+	extracted bool
+}
+
+var textPool = sync.Pool{New: func() any { return new(promptText) }}
+
+func (m *measurement) text(r *policy.Request) *promptText {
+	if !m.extracted {
+		m.extracted = true
+		m.pt = textPool.Get().(*promptText)
+		m.pt.segs, m.pt.tokenIDs = m.pt.segs[:0], 0
+		extractText(r.Kind, r.Body, m.pt)
+	}
+	return m.pt
+}
+
+func (m *measurement) release() {
+	if m.pt != nil {
+		clear(m.pt.segs) // drop the references to the body
+		m.pt.segs = m.pt.segs[:0]
+		if cap(m.pt.segs) <= 4096 {
+			textPool.Put(m.pt)
+		}
+		m.pt = nil
+	}
+}
+
+func invalid(status int, code, msg string) *openai.Error {
+	return openai.NewError(status, "invalid_request_error", code, msg)
+}
+
+// check runs the shape and size signals, then repetition. It returns the first failure (size
+// failures before repetition) and the prompt tokens it settled on (exact or estimate).
+func (g *Guard) check(r *policy.Request, route string, level, maxTokens int, now time.Time, m *measurement) (*openai.Error, int) {
+	p := &g.p
+	tokens := r.PromptTokens
+	if g.on.depth && r.Depth > p.MaxDepth {
+		return invalid(http.StatusBadRequest, CodePromptTooDeep,
+			fmt.Sprintf("message content is nested %d levels deep, the route's limit is %d", r.Depth, p.MaxDepth)), tokens
+	}
+	if g.on.messages && r.Messages > p.MaxMessages {
+		return invalid(http.StatusBadRequest, CodeTooManyMessages,
+			fmt.Sprintf("request has %d messages, the route's limit is %d", r.Messages, p.MaxMessages)), tokens
+	}
+
+	// Size limits on the prompt's tokens.
+	limPrompt, limWindow, limSurge := 0, 0, 0
+	window := 0
+	if g.on.promptTokens {
+		limPrompt = p.MaxPromptTokens
+	}
+	if g.on.contextWindow {
+		if window = g.ContextWindow(r.Model); window > 0 {
+			limWindow = window - maxTokens
+			if limWindow <= 0 {
+				return invalid(http.StatusRequestEntityTooLarge, CodeContextLength,
+					fmt.Sprintf("max_tokens is %d, the model's context window is %d", maxTokens, window)), tokens
+			}
+		}
+	}
+	var p95 int
+	factor := p.SurgeFactor
+	if level >= 1 {
+		factor = min(factor, p.Degrade.Level1SurgeFactor)
+	}
+	if g.on.surge {
+		var n int
+		p95, n = g.baseline(route).p95(now)
+		if n >= p.SurgeMinRequests && p95 > 0 {
+			limSurge = int(factor * float64(p95))
+		}
+	}
+	if near(tokens, limPrompt, p.ExactMargin) || near(tokens, limWindow, p.ExactMargin) || near(tokens, limSurge, p.ExactMargin) {
+		select {
+		case g.exactSem <- struct{}{}:
+			tk, err := encoder(g.Encoding(r.Model))
+			if err == nil {
+				tokens = exactCount(tk, m.text(r), r.Messages)
+				g.exact.Add(1)
+			}
+			<-g.exactSem
+		default:
+			g.exactSkipped.Add(1)
+		}
+	}
+	switch {
+	case limPrompt > 0 && tokens > limPrompt:
+		return invalid(http.StatusRequestEntityTooLarge, CodePromptTooLarge,
+			fmt.Sprintf("prompt is %d tokens, the route's limit is %d", tokens, limPrompt)), tokens
+	case limWindow > 0 && tokens > limWindow:
+		msg := fmt.Sprintf("prompt is %d tokens, the model's context window is %d", tokens, window)
+		if maxTokens > 0 {
+			msg = fmt.Sprintf("prompt is %d tokens + max_tokens %d = %d, the model's context window is %d", tokens, maxTokens, tokens+maxTokens, window)
+		}
+		return invalid(http.StatusRequestEntityTooLarge, CodeContextLength, msg), tokens
+	case limSurge > 0 && tokens > limSurge:
+		return invalid(http.StatusRequestEntityTooLarge, CodeSurge,
+			fmt.Sprintf("prompt is %d tokens, the route's surge limit is %d (%g × the p95 of its recent prompts, %d tokens)", tokens, limSurge, factor, p95)), tokens
+	}
+	return g.checkRepetition(r, m), tokens
+}
+
+func (g *Guard) checkRepetition(r *policy.Request, m *measurement) *openai.Error {
+	if !g.on.repetition {
+		return nil
+	}
+	p := &g.p
+	rep := repetition(m.text(r).segs, p.RepetitionNgram, p.RepetitionMinWords, p.RepetitionSampleBytes)
+	if rep > p.MaxRepetition {
+		return invalid(http.StatusBadRequest, CodeRepetitive,
+			fmt.Sprintf("%.0f%% of the prompt's %d-word sequences are repeats, the route's limit is %.0f%%", 100*rep, p.RepetitionNgram, 100*p.MaxRepetition))
+	}
+	return nil
+}
+
+// near reports whether an estimate of tokens is close enough to limit (> 0) to count
+// exactly: between (1-margin) × limit and limit / (1-margin), a band symmetric in ratio,
+// since the estimate's error is a ratio.
+func near(tokens, limit int, margin float64) bool {
+	if limit <= 0 || margin <= 0 {
+		return false
+	}
+	t, l := float64(tokens), float64(limit)
+	return t >= (1-margin)*l && t <= l/(1-margin)
+}
+
+// ticket is an admitted request until it is settled.
+type ticket struct {
+	g       *Guard
+	req     *policy.Request
+	done    func(error)
+	route   string
+	tokens  int
+	feed    bool
+	settled atomic.Bool
+}
+
+// settle is the request's Decision.Done; Observe calls it too. Only the first call counts.
+func (t *ticket) settle(o policy.Outcome) {
+	if !t.settled.CompareAndSwap(false, true) {
+		return
+	}
+	g := t.g
+	g.tickets.CompareAndDelete(t.req, t)
+	g.inflight.Add(-1)
+	ok := o.Status >= 200 && o.Status < 300 && o.ErrorClass == ""
+	if t.done != nil {
+		if ok {
+			t.done(nil)
+		} else {
+			t.done(errExcluded)
+		}
+	}
+	now := g.clock.Now()
+	if ok && t.feed {
+		g.baseline(t.route).add(t.tokens, now)
+	}
+	g.level(now)
+}
+
+// Observe settles a request this guard admitted (a no-op for any other request, and for one
+// already settled through Decision.Done).
+func (g *Guard) Observe(_ context.Context, r *policy.Request, o policy.Outcome) {
+	if v, ok := g.tickets.Load(r); ok {
+		v.(*ticket).settle(o)
+	}
+}
+
+// Stats are the guard's counters since it was built.
+type Stats struct {
+	Admitted     uint64            // requests admitted (rerouted ones included)
+	Rejected     map[string]uint64 // rejections by code (every code present, 0 included)
+	Rerouted     uint64            // oversized prompts sent to the long-context cluster
+	Capped       uint64            // requests whose max_tokens was capped
+	ExactCounts  uint64            // exact (tiktoken) counts made
+	ExactSkipped uint64            // exact counts skipped because all slots were busy
+	InFlight     int64             // admitted requests not yet settled
+	Level        int               // degradation level now
+	Trips        uint64            // times a breaker of the guard opened
+}
+
+// Stats returns the counters (the gateway exports them as metrics).
+func (g *Guard) Stats() Stats {
+	s := Stats{
+		Admitted: g.admitted.Load(), Rerouted: g.rerouted.Load(), Capped: g.capped.Load(),
+		ExactCounts: g.exact.Load(), ExactSkipped: g.exactSkipped.Load(), InFlight: g.inflight.Load(),
+		Level: g.Level(), Trips: g.trips.Load(), Rejected: make(map[string]uint64, len(codesArr)),
+	}
+	for i, c := range codesArr {
+		s.Rejected[c] = g.rejected[i].Load()
+	}
+	return s
+}
+
+// BreakerInfo describes one breaker, for /admin/breakers.
+type BreakerInfo struct {
+	Route      string        `json:"route"`
+	Tenant     string        `json:"tenant"`
+	State      string        `json:"state"` // closed, half-open, open
+	Requests   uint32        `json:"requests"`
+	Successes  uint32        `json:"successes"`
+	Failures   uint32        `json:"failures"`
+	Excluded   uint32        `json:"excluded"`
+	Trips      uint64        `json:"trips"`
+	OpenedAt   time.Time     `json:"opened_at,omitzero"`   // when it last opened (real time)
+	RetryAfter time.Duration `json:"retry_after,omitzero"` // while open: until probes are let through
+}
+
+// Snapshot is the guard's state, for /admin/breakers.
+type Snapshot struct {
+	Route    string        `json:"route"`
+	Level    int           `json:"level"`
+	InFlight int64         `json:"in_flight"`
+	Breakers []BreakerInfo `json:"breakers"`
+}
+
+// Snapshot lists every breaker (sorted by route, then tenant) and the level.
+func (g *Guard) Snapshot() Snapshot {
+	s := Snapshot{Route: g.route, Level: g.Level(), InFlight: g.inflight.Load(), Breakers: []BreakerInfo{}}
+	for _, b := range g.breakers.list() {
+		st := b.cb.State()
+		c := b.cb.Counts()
+		bi := BreakerInfo{
+			Route: b.key.route, Tenant: b.key.tenant, State: st.String(),
+			Requests: c.Requests, Successes: c.TotalSuccesses, Failures: c.TotalFailures, Excluded: c.TotalExclusions,
+			Trips: b.trips.Load(),
+		}
+		if at := b.openedAt.Load(); at != 0 {
+			bi.OpenedAt = time.Unix(0, at)
+		}
+		if st == gobreaker.StateOpen {
+			bi.RetryAfter = b.retryAfter(g.p.Breaker.OpenFor.D())
+		}
+		s.Breakers = append(s.Breakers, bi)
+	}
+	return s
+}
+
+// Reset drops the breakers of tenant ("" : every tenant); the tenant's next request starts
+// with a closed breaker. It returns how many were dropped.
+func (g *Guard) Reset(tenant string) int { return g.breakers.reset(tenant, tenant == "") }
+
+// String describes the guard for logs.
+func (g *Guard) String() string {
+	var on []string
+	for _, x := range []struct {
+		n  string
+		on bool
+	}{{SignalDepth, g.on.depth}, {SignalMessages, g.on.messages}, {SignalPromptTokens, g.on.promptTokens},
+		{SignalContextWindow, g.on.contextWindow}, {SignalSurge, g.on.surge}, {SignalRepetition, g.on.repetition},
+		{SignalBreaker, g.on.breaker}} {
+		if x.on {
+			on = append(on, x.n)
+		}
+	}
+	return "guard(" + strings.Join(on, ",") + ")"
+}

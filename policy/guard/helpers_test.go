@@ -1,0 +1,154 @@
+package guard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *fakeClock { return &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func newGuard(t testing.TB, p Params, clk policy.Clock) *Guard {
+	t.Helper()
+	g, err := New(p, policy.Env{Route: "chat", Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// chatBody builds a chat body with one user message per content string.
+func chatBody(model string, maxTokens int, contents ...string) string {
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	body := map[string]any{"model": model}
+	var ms []msg
+	for _, c := range contents {
+		ms = append(ms, msg{"user", c})
+	}
+	body["messages"] = ms
+	if maxTokens > 0 {
+		body["max_tokens"] = maxTokens
+	}
+	b, _ := json.Marshal(body)
+	return string(b)
+}
+
+func request(t testing.TB, kind openai.Kind, tenant, body string) *policy.Request {
+	t.Helper()
+	r, err := openai.ParseRequest(kind, []byte(body))
+	if err != nil {
+		t.Fatalf("parse %s: %v", body, err)
+	}
+	return &policy.Request{Request: r, Route: "chat", Tenant: tenant}
+}
+
+func chat(t testing.TB, tenant string, maxTokens int, contents ...string) *policy.Request {
+	return request(t, openai.KindChat, tenant, chatBody("m", maxTokens, contents...))
+}
+
+// words returns n distinct-ish English-like words.
+func words(n, seed int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "word%d", seed*1000003+i)
+	}
+	return b.String()
+}
+
+// prose returns text of about n tokens (ordinary English words).
+func prose(n int) string {
+	base := strings.Fields("the quick brown fox jumps over the lazy dog while a curious cat watches from the old wooden fence and the sun sets slowly behind distant blue hills")
+	var b strings.Builder
+	x := uint32(2463534242)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b.WriteString(base[x%uint32(len(base))])
+	}
+	return b.String()
+}
+
+func exactOf(t testing.TB, r *policy.Request) int {
+	t.Helper()
+	tk, err := encoder("cl100k_base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pt promptText
+	extractText(r.Kind, r.Body, &pt)
+	return exactCount(tk, &pt, r.Messages)
+}
+
+var ok200 = policy.Outcome{Status: 200}
+
+func admit(t testing.TB, g *Guard, r *policy.Request) policy.Decision {
+	t.Helper()
+	d, err := g.Admit(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// admitOK admits r, fails the test on a rejection, and settles it with o.
+func admitOK(t testing.TB, g *Guard, r *policy.Request, o policy.Outcome) {
+	t.Helper()
+	d := admit(t, g, r)
+	if d.Reject != nil {
+		t.Fatalf("rejected: %v", d.Reject)
+	}
+	d.Done(o)
+}
+
+func wantReject(t testing.TB, d policy.Decision, status int, code string, msgParts ...string) {
+	t.Helper()
+	if d.Reject == nil {
+		t.Fatalf("admitted, want %d %s", status, code)
+	}
+	if d.Reject.Status != status || d.Reject.Code != code {
+		t.Fatalf("got %d %s (%s), want %d %s", d.Reject.Status, d.Reject.Code, d.Reject.Message, status, code)
+	}
+	for _, p := range msgParts {
+		if !strings.Contains(d.Reject.Message, p) {
+			t.Errorf("message %q does not contain %q", d.Reject.Message, p)
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package ratelimit
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// defaultGlobalRetry is the Retry-After of a global OVER_LIMIT that names no reset time.
+const defaultGlobalRetry = time.Second
+
+// globalClient asks an Envoy-compatible rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit).
+type globalClient struct {
+	conn       *grpc.ClientConn
+	client     rlsv3.RateLimitServiceClient
+	domain     string
+	timeout    time.Duration
+	descs      [][]GlobalEntry
+	hitsTokens bool
+	failing    atomic.Bool // for logging transitions only
+}
+
+func newGlobalClient(g Global) (*globalClient, error) {
+	// grpc.NewClient does not connect: the first call does, and fails open if it cannot.
+	conn, err := grpc.NewClient(g.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	return &globalClient{
+		conn:       conn,
+		client:     rlsv3.NewRateLimitServiceClient(conn),
+		domain:     g.Domain,
+		timeout:    g.Timeout.D(),
+		descs:      g.Descriptors,
+		hitsTokens: g.Hits == HitsTokens,
+	}, nil
+}
+
+func (g *globalClient) close() error { return g.conn.Close() }
+
+// ok notes a successful call (logging the recovery once).
+func (g *globalClient) ok(log *slog.Logger) {
+	if g.failing.CompareAndSwap(true, false) {
+		log.Info("ratelimit: global rate limit service answering again")
+	}
+}
+
+// check asks the service. over is true for OVER_LIMIT, with retry the longest reset the
+// service names (1s if none). err is non-nil when the service failed or timed out.
+func (g *globalClient) check(ctx context.Context, tenant, route, model string, hits uint32) (over bool, retry time.Duration, err error) {
+	req := &rlsv3.RateLimitRequest{Domain: g.domain, HitsAddend: hits}
+	req.Descriptors = make([]*commonrl.RateLimitDescriptor, len(g.descs))
+	for i, d := range g.descs {
+		entries := make([]*commonrl.RateLimitDescriptor_Entry, len(d))
+		for j, e := range d {
+			v := e.Value
+			switch e.From {
+			case FromTenant:
+				v = tenant
+				if v == "" {
+					v = "anonymous"
+				}
+			case FromRoute:
+				v = route
+			case FromModel:
+				v = model
+			}
+			entries[j] = &commonrl.RateLimitDescriptor_Entry{Key: e.Key, Value: v}
+		}
+		req.Descriptors[i] = &commonrl.RateLimitDescriptor{Entries: entries}
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	resp, err := g.client.ShouldRateLimit(ctx, req)
+	if err != nil {
+		return false, 0, err
+	}
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		return false, 0, nil
+	}
+	for _, s := range resp.GetStatuses() {
+		if s.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && s.GetDurationUntilReset() != nil {
+			retry = max(retry, s.GetDurationUntilReset().AsDuration())
+		}
+	}
+	if retry <= 0 {
+		retry = defaultGlobalRetry
+	}
+	return true, retry, nil
+}

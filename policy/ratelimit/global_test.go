@@ -1,0 +1,190 @@
+package ratelimit
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicegw/sluice/policy"
+)
+
+// fakeRLS is an in-process Envoy rate limit service.
+type fakeRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	mu    sync.Mutex
+	code  rlsv3.RateLimitResponse_Code
+	reset time.Duration
+	last  *rlsv3.RateLimitRequest
+}
+
+func (f *fakeRLS) ShouldRateLimit(_ context.Context, r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.last = r
+	resp := &rlsv3.RateLimitResponse{OverallCode: f.code}
+	for range r.GetDescriptors() {
+		s := &rlsv3.RateLimitResponse_DescriptorStatus{Code: f.code}
+		if f.code == rlsv3.RateLimitResponse_OVER_LIMIT && f.reset > 0 {
+			s.DurationUntilReset = durationpb.New(f.reset)
+		}
+		resp.Statuses = append(resp.Statuses, s)
+	}
+	return resp, nil
+}
+
+func (f *fakeRLS) set(code rlsv3.RateLimitResponse_Code, reset time.Duration) {
+	f.mu.Lock()
+	f.code, f.reset = code, reset
+	f.mu.Unlock()
+}
+
+func (f *fakeRLS) lastRequest() *rlsv3.RateLimitRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last
+}
+
+func startRLS(t *testing.T) (*fakeRLS, string, func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeRLS{code: rlsv3.RateLimitResponse_OK}
+	s := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(s, f)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(lis) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { s.Stop(); <-done }) }
+	t.Cleanup(stop)
+	return f, lis.Addr().String(), stop
+}
+
+func TestGlobal(t *testing.T) {
+	rls, addr, stop := startRLS(t)
+	clock := newClock()
+	l := newLimiter(t, Params{
+		RequestsPerMinute: 100,
+		TokensPerMinute:   100000,
+		Global: &Global{
+			Address: addr,
+			Domain:  "gw",
+			Timeout: policy.Duration(5 * time.Second), // generous: -race on 2 cores
+			Descriptors: [][]GlobalEntry{
+				{{Key: "tenant", From: FromTenant}, {Key: "model", From: FromModel}},
+				{{Key: "route", From: FromRoute}, {Key: "kind", Value: "llm"}},
+			},
+			Hits: HitsTokens,
+		},
+	}, clock)
+
+	// OK: admitted, and the request carries the descriptors and the token charge.
+	d := admit(t, l, chat("team-a", "chat", 100, 50))
+	if d.Reject != nil {
+		t.Fatalf("OK: rejected %v", d.Reject)
+	}
+	d.Done(policy.Outcome{Status: 200, InputTokens: 100, OutputTokens: 50})
+	req := rls.lastRequest()
+	if req.GetDomain() != "gw" || req.GetHitsAddend() != 150 || len(req.GetDescriptors()) != 2 {
+		t.Fatalf("request = %v", req)
+	}
+	got := map[string]string{}
+	for _, desc := range req.GetDescriptors() {
+		for _, e := range desc.GetEntries() {
+			got[e.GetKey()] = e.GetValue()
+		}
+	}
+	if got["tenant"] != "team-a" || got["model"] != "llama-3-8b" || got["route"] != "chat" || got["kind"] != "llm" {
+		t.Errorf("descriptor entries = %v", got)
+	}
+
+	// OVER_LIMIT: 429 with the service's reset, and the local charge given back.
+	rls.set(rlsv3.RateLimitResponse_OVER_LIMIT, 3*time.Second)
+	d = admit(t, l, chat("", "chat", 100, 50))
+	if d.Reject == nil || d.Reject.Status != 429 || d.Reject.RetryAfter != 3*time.Second || d.Reject.Type != "tokens" {
+		t.Fatalf("OVER_LIMIT: %+v", d.Reject)
+	}
+	if got := rls.lastRequest().GetDescriptors()[0].GetEntries()[0].GetValue(); got != "anonymous" {
+		t.Errorf("anonymous tenant sent as %q", got)
+	}
+	if d.Header.Get(HeaderRemainingRequests) != "100" || d.Header.Get(HeaderRemainingTokens) != "100000" {
+		t.Errorf("local charge kept after a global rejection: %v", d.Header)
+	}
+	rls.set(rlsv3.RateLimitResponse_OVER_LIMIT, 0)
+	if d := admit(t, l, chat("team-a", "chat", 1, 1)); d.Reject == nil || d.Reject.RetryAfter != time.Second {
+		t.Errorf("OVER_LIMIT without reset: %+v", d.Reject)
+	}
+
+	// The service goes away: fail open, counted.
+	stop()
+	l.global.timeout = 200 * time.Millisecond
+	for i := 0; i < 3; i++ {
+		if d := admit(t, l, chat("team-a", "chat", 1, 1)); d.Reject != nil {
+			t.Fatalf("service down: rejected %v", d.Reject)
+		}
+	}
+	st := l.Stats()
+	if st.GlobalCalls != 6 || st.GlobalFailures != 3 || st.Rejected[ReasonGlobal] != 2 || st.Admitted != 4 {
+		t.Errorf("stats = %+v", st)
+	}
+
+	// A client that goes away is not a service failure.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Admit(ctx, chat("team-a", "chat", 1, 1)); err == nil {
+		t.Error("canceled context: no error")
+	}
+	if st := l.Stats(); st.GlobalFailures != 3 || st.Rejected[ReasonCanceled] != 1 {
+		t.Errorf("stats after cancel = %+v", st)
+	}
+}
+
+func TestGlobalTimeoutFailsOpen(t *testing.T) {
+	// A listener that accepts and never answers: every call times out.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var mu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		_ = lis.Close()
+		wg.Wait()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	l := newLimiter(t, Params{RequestsPerMinute: 10, Global: &Global{Address: lis.Addr().String(), Timeout: policy.Duration(30 * time.Millisecond)}}, newClock())
+	start := time.Now()
+	d := admit(t, l, chat("a", "chat", 1, 1))
+	if d.Reject != nil {
+		t.Fatalf("rejected: %v", d.Reject)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("took %v", el)
+	}
+	if st := l.Stats(); st.GlobalFailures != 1 {
+		t.Errorf("stats = %+v", st)
+	}
+}

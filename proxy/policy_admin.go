@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"sort"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicegw/sluice/policy/guard"
+	"github.com/sluicegw/sluice/policy/ratelimit"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// guards and limiters of the generation now serving, in route order.
+func (st *state) guards() []*guard.Guard {
+	var out []*guard.Guard
+	for _, bp := range st.policies {
+		if g, ok := bp.impl.(*guard.Guard); ok {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+type namedLimiter struct {
+	route, name string
+	*ratelimit.Limiter
+}
+
+func (st *state) limiters() []namedLimiter {
+	var out []namedLimiter
+	for _, bp := range st.policies {
+		if l, ok := bp.impl.(*ratelimit.Limiter); ok {
+			out = append(out, namedLimiter{bp.route, bp.name, l})
+		}
+	}
+	return out
+}
+
+// policyRoutes adds the policies' admin endpoints:
+//
+//	GET  /admin/breakers        every guard's breakers (state, counts) and degradation level
+//	POST /admin/breakers/reset  reset the breakers of ?tenant=T (all tenants without it), on ?route=R (all routes without it)
+//	GET  /admin/ratelimits      every rate limiter's counters and buckets
+func (s *Server) policyRoutes(mux *http.ServeMux) {
+	mux.Handle("GET /admin/breakers", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		out := []guard.Snapshot{}
+		for _, g := range s.state.Load().guards() {
+			out = append(out, g.Snapshot())
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"routes": out})
+	}))
+	mux.Handle("POST /admin/breakers/reset", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		tenant, route := r.URL.Query().Get("tenant"), r.URL.Query().Get("route")
+		found, n := route == "", 0
+		for _, g := range s.state.Load().guards() {
+			if route != "" && g.Snapshot().Route != route {
+				continue
+			}
+			found = true
+			n += g.Reset(tenant)
+		}
+		if !found {
+			openai.WriteError(w, openai.NewError(http.StatusNotFound, "invalid_request_error", "unknown_route",
+				"no guard on route "+route))
+			return
+		}
+		s.log.Info("breakers reset from the admin API", "tenant", tenant, "route", route, "breakers", n)
+		writeJSON(w, http.StatusOK, map[string]int{"reset": n})
+	}))
+	mux.Handle("GET /admin/ratelimits", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		type entry struct {
+			Route string               `json:"route"`
+			Name  string               `json:"name"`
+			Stats ratelimit.Stats      `json:"stats"`
+			Keys  []ratelimit.KeyState `json:"keys"`
+		}
+		out := []entry{}
+		for _, l := range s.state.Load().limiters() {
+			out = append(out, entry{l.route, l.name, l.Stats(), l.Snapshot()})
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"limiters": out})
+	}))
+}
+
+// policyMetrics exports the policies' counters, read from the generation serving at scrape time.
+func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
+	rejected, err := m.Int64ObservableCounter("sluice.guard.rejections", metric.WithDescription("Requests the prompt guard rejected, by code"))
+	if err != nil {
+		return nil, err
+	}
+	level, err := m.Int64ObservableGauge("sluice.guard.level", metric.WithDescription("Staged degradation level of the route (0 normal, 1 degraded, 2 shedding)"))
+	if err != nil {
+		return nil, err
+	}
+	trips, err := m.Int64ObservableCounter("sluice.guard.breaker.trips", metric.WithDescription("Times a tenant breaker of the route opened"))
+	if err != nil {
+		return nil, err
+	}
+	exact, err := m.Int64ObservableCounter("sluice.guard.exact_counts", metric.WithDescription("Prompts counted exactly with the tokenizer (near a limit)"))
+	if err != nil {
+		return nil, err
+	}
+	rl, err := m.Int64ObservableCounter("sluice.ratelimit.rejections", metric.WithDescription("Requests the rate limiter rejected, by reason"))
+	if err != nil {
+		return nil, err
+	}
+	glob, err := m.Int64ObservableCounter("sluice.ratelimit.global_failures", metric.WithDescription("Calls to the global rate limit service that failed (admitted: fail open)"))
+	if err != nil {
+		return nil, err
+	}
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := s.state.Load()
+		for _, g := range st.guards() {
+			gs := g.Stats()
+			route := attribute.String("route", g.Snapshot().Route)
+			o.ObserveInt64(level, int64(gs.Level), metric.WithAttributes(route))
+			o.ObserveInt64(trips, int64(gs.Trips), metric.WithAttributes(route))
+			o.ObserveInt64(exact, int64(gs.ExactCounts), metric.WithAttributes(route))
+			for _, code := range sortedKeys(gs.Rejected) {
+				o.ObserveInt64(rejected, int64(gs.Rejected[code]), metric.WithAttributes(route, attribute.String("code", code)))
+			}
+		}
+		for _, l := range st.limiters() {
+			ls := l.Stats()
+			route := attribute.String("route", l.route)
+			o.ObserveInt64(glob, int64(ls.GlobalFailures), metric.WithAttributes(route))
+			for _, reason := range sortedKeys(ls.Rejected) {
+				o.ObserveInt64(rl, int64(ls.Rejected[reason]), metric.WithAttributes(route, attribute.String("reason", reason)))
+			}
+		}
+		return nil
+	}, rejected, level, trips, exact, rl, glob)
+}
+
+func sortedKeys(m map[string]uint64) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
