@@ -52,11 +52,38 @@ type Admitter interface {
 	Admit(ctx context.Context, r *Request) (Decision, error)
 }
 
-// Candidate is one place a request may be served: a cluster and an optional model rewrite.
+// Candidate is one place a request may be served: a cluster, an optional model rewrite, the
+// failures that move on from it to the next candidate, and its own time-outs.
 type Candidate struct {
 	Cluster string
 	Model   string // "" keeps the request's model
+	// Split names the split that chose this cluster ("" for a fallback step).
+	Split string
+	// On lists the failure conditions (Cond*) on which the plan moves past this candidate to
+	// the next one. Nil means the defaults of the step (see DefaultOn).
+	On []string
+	// TTFT, Idle and Total override the route's time-outs for attempts on this candidate
+	// (0 keeps the route's).
+	TTFT, Idle, Total time.Duration
 }
+
+// Failure conditions that move a request on to the next candidate (before the first byte
+// reached the client).
+const (
+	CondConnect     = "connect"      // could not connect or send
+	Cond5xx         = "5xx"          // the model server answered 5xx
+	Cond429         = "429"          // the model server answered 429
+	CondTTFTTimeout = "ttft_timeout" // no first byte within the TTFT time-out
+	CondBreakerOpen = "breaker_open" // the cluster's breaker is open
+	CondNoEndpoint  = "no_endpoint"  // no healthy endpoint in the cluster
+	CondOverload    = "overload"     // the gateway's own limit for the cluster is full
+	CondContract    = "contract"     // the answer matched the route's contract-mismatch list
+	CondStreamCut   = "stream_cut"   // the stream broke mid-way (only with resume)
+)
+
+// DefaultOn is what moves on from a candidate that does not say: every failure before the
+// first byte.
+var DefaultOn = []string{CondConnect, Cond5xx, Cond429, CondTTFTTimeout, CondBreakerOpen, CondNoEndpoint, CondOverload}
 
 // Planner orders the candidates for a request: the primary first, then fallbacks.
 type Planner interface {

@@ -31,6 +31,12 @@
 // hash-derived EOS point in [ceil(max/2), max] with finish_reason "stop"; reaching max gives
 // "length". With ignore_eos exactly max tokens come out.
 //
+// Continuation (vLLM's "continue_final_message": true): when the last message is an assistant
+// message, the answer is the one the conversation without it would get, less its first k
+// tokens (k = the prefix's words), with max tokens counted after the prefix. A stream cut
+// after k tokens and resumed elsewhere with the text so far as the prefix therefore reads
+// exactly as the uncut answer.
+//
 // Context markers: every [[mem:XXXX]] (XXXX: 1-32 of [A-Za-z0-9_-]) found anywhere in the
 // conversation is repeated at the start of the answer, once each, in order of first
 // appearance, one token each (as many as max tokens allow; EOS never cuts them).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 type endpoint uint8
@@ -34,6 +35,8 @@ type chatRequest struct {
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
+	// ContinueFinalMessage (vLLM): the last message is an assistant prefix to continue.
+	ContinueFinalMessage bool `json:"continue_final_message"`
 }
 
 type chatMessage struct {
@@ -240,8 +243,16 @@ func (s *Server) planChat(body []byte) (*plan, *apiError) {
 		textTokens += estimateTokens(t)
 		marks.scan(t)
 	}
-	for i := range req.Messages {
-		m := &req.Messages[i]
+	// continue_final_message (vLLM): the final assistant message is a prefix of the answer.
+	// The answer is the one the conversation without it gets, less the prefix's tokens, so a
+	// stream cut and resumed elsewhere reads exactly as the uncut one.
+	msgs, prefix := req.Messages, 0
+	if last := len(msgs) - 1; req.ContinueFinalMessage && msgs[last].Role == "assistant" {
+		msgs[last].Content.each(func(t string) { prefix += len(strings.Fields(t)) })
+		msgs = msgs[:last]
+	}
+	for i := range msgs {
+		m := &msgs[i]
 		switch m.Role {
 		case "system", "developer", "user", "assistant", "tool", "function":
 		default:
@@ -288,8 +299,11 @@ func (s *Server) planChat(body []byte) (*plan, *apiError) {
 		c.tool = newToolCall(h.sum(), tool.Function.Name, tool.Function.Parameters, maxTok)
 		c.n, c.finish = c.tool.n, c.tool.finish
 	} else {
-		c.text = newTextGen(h.sum(), marks.list, maxTok, req.IgnoreEOS)
-		c.n, c.finish = c.text.n, c.text.finish
+		c.text = newTextGen(h.sum(), marks.list, prefix+maxTok, req.IgnoreEOS)
+		for range min(prefix, c.text.n) {
+			_ = c.text.next(nil)
+		}
+		c.n, c.finish = max(0, c.text.n-prefix), c.text.finish
 	}
 	p.promptTokens = c.prompt
 	p.one[0] = c
