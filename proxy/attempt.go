@@ -64,12 +64,18 @@ func (h *Handler) forward(ctx context.Context, ex *exchange, st *state, rt *conf
 	return h.settlePending(ex, res)
 }
 
-// settlePending relays a buffered upstream answer that no retry replaced.
+// settlePending relays a buffered upstream answer that no retry replaced, or ends a broken
+// stream with its in-band error.
 func (h *Handler) settlePending(ex *exchange, res result) result {
 	if res.pending != nil && !ex.committed {
 		ex.writePending(res.pending, &res)
 		res.pending = nil
 		res.err = nil
+	}
+	if res.inband != nil && ex.committed {
+		_, _ = ex.w.Write(res.inband.SSE())
+		ex.flush()
+		res.inband = nil
 	}
 	return res
 }
@@ -98,9 +104,14 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, rt *config.Compiled
 
 	wd := startWatchdog(rt.Timeouts.TTFT.D(), rt.Timeouts.Idle.D(), cancel)
 	defer wd.stop()
-	res.tap.Start = time.Now()
+	sent := time.Now()
+	if ex.carryTap != nil {
+		res.tap = *ex.carryTap // a resumed stream: the client's TTFT and tokens go on
+	} else {
+		res.tap.Start = sent
+	}
 	resp, err := cl.Transport().RoundTrip(out)
-	res.wait += time.Since(res.tap.Start)
+	res.wait += time.Since(sent)
 	if err != nil {
 		res.class = transportClass(actx)
 		if res.class == classConnect {
@@ -147,6 +158,9 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	out.Header.Del("Content-Length")
 
 	body := ex.preq.Body
+	if ex.body != nil {
+		body = ex.body
+	}
 	if cand.Model != "" && cand.Model != ex.preq.Model && body != nil {
 		b, err := openai.SetModel(body, cand.Model)
 		if err != nil {

@@ -23,6 +23,12 @@ type exchange struct {
 	preq      *policy.Request
 	committed bool // headers went to the client: no more retries, errors go in-band
 	outcome   policy.Outcome
+
+	// Resuming a cut stream (route resume: true, chat only).
+	capture  bool        // collect the streamed text
+	streamed []byte      // the text relayed so far
+	body     []byte      // when set, sent instead of the request's body (a continuation)
+	carryTap *openai.Tap // the cut attempt's tap, continued by the resumed one
 }
 
 func newExchange(w http.ResponseWriter, r *http.Request) *exchange {
@@ -67,6 +73,7 @@ type result struct {
 	class     string        // error class, "" on success
 	err       *openai.Error // what the client gets if nothing was committed
 	pending   *pending      // a complete upstream answer not yet written (relayed unless retried)
+	inband    *openai.Error // a stream broke after it started: the in-band error to send
 	retryable bool          // failed before anything reached the client
 	cluster   string
 	endpoint  string

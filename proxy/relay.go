@@ -22,7 +22,8 @@ const maxHeldBeforeFirstEvent = 16 << 10
 // relayStream relays an SSE answer event by event, flushing as soon as no further event is
 // already buffered (so each event reaches the client the moment it arrived). The first event is read
 // before anything is sent to the client, so a failure up to then can still be retried. After
-// that, a failure ends the stream with an in-band SSE error event.
+// that, a failure leaves res.inband: the forward loop resumes the stream on the next candidate
+// (resume: true) or ends it with that in-band SSE error event.
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
 	rd := openai.NewReader(resp.Body, int(h.srv.state.Load().snap.Config.MaxEventBytes))
 	tap := &res.tap
@@ -46,9 +47,14 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		return
 	}
 	wd.beat()
-	ex.commit(resp.StatusCode, resp.Header, res)
+	// A resumed stream continues one the client already has: no new headers, and its events
+	// before the first token (the role chunk) are not relayed.
+	skip := ex.committed
+	if !skip {
+		ex.commit(resp.StatusCode, resp.Header, res)
+	}
 	res.status = resp.StatusCode
-	if len(held) > 0 {
+	if len(held) > 0 && !skip {
 		if _, werr := ex.w.Write(held); werr != nil {
 			cancel(errClientWrite)
 			res.class, res.status = classClientCancel, statusClientClosed
@@ -56,16 +62,25 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		}
 	}
 	for {
+		tokens := tap.TokenEvents
 		tap.Observe(ev, t1)
-		if _, werr := ex.w.Write(ev.Raw); werr != nil {
-			cancel(errClientWrite)
-			res.class, res.status = classClientCancel, statusClientClosed
-			return
+		if skip && tap.TokenEvents > tokens {
+			skip = false
 		}
-		// Flush unless the next event already arrived with this one: a burst goes out in one
-		// write, and no event ever waits for another.
-		if !rd.Pending() {
-			ex.flush()
+		if ex.capture {
+			ex.streamed = openai.AppendChatContent(ex.streamed, ev.Data)
+		}
+		if !skip {
+			if _, werr := ex.w.Write(ev.Raw); werr != nil {
+				cancel(errClientWrite)
+				res.class, res.status = classClientCancel, statusClientClosed
+				return
+			}
+			// Flush unless the next event already arrived with this one: a burst goes out
+			// in one write, and no event ever waits for another.
+			if !rd.Pending() {
+				ex.flush()
+			}
 		}
 		t0 = time.Now()
 		res.wait += t0.Sub(t1)
@@ -106,8 +121,8 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		}
 		e = classError(class, 0)
 	}
-	_, _ = ex.w.Write(e.SSE())
-	ex.flush()
+	// The forward loop either resumes the stream elsewhere or sends this in-band.
+	res.inband = e
 }
 
 // relayBody relays a non-streaming answer. Answers up to maxBufferedBody are read whole before
