@@ -11,57 +11,150 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
-// forward is the retry/fallback loop, the one place where attempts are repeated. A failure
-// before anything reached the client moves on: a connection failure to another endpoint of
-// the same cluster (once), any pre-first-byte failure to the plan's next candidate. After
-// the first byte the attempt's own relay ends the stream.
+// forward is the retry/fallback loop, the one place where attempts are repeated. The plan is
+// the route's candidates in order (the split, then the fallback steps). On each candidate:
+// its breaker, an endpoint, the attempt; a failure before anything reached the client is
+// retried on the same candidate (retry.attempts, back-off, Retry-After, under the retry
+// budget; a connection failure once on another endpoint at once) and then moves on to the
+// next candidate when the failure is one of the conditions the plan moves on for. After the
+// first byte, a cut stream is resumed on the next candidate (resume: true) or ends with an
+// in-band error event.
 func (h *Handler) forward(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, plan []policy.Candidate) result {
+	rtr := st.routers[rt.Index]
+	rtr.Budget().RecordRequest()
+	replayable := ex.preq.Body != nil || ex.r.Body == nil || ex.r.Body == http.NoBody
+	ex.capture = rtr.Resume() && ex.preq.Kind == openai.KindChat && ex.preq.Stream && ex.preq.N <= 1
 	var res result
 	attempts := 0
-	replayable := ex.preq.Body != nil || ex.r.Body == nil || ex.r.Body == http.NoBody
 	for ci := 0; ci < len(plan); ci++ {
 		cand := plan[ci]
-		cl := st.clusters[cand.Cluster]
-		var prev *upstream.Endpoint
-		for try := 0; ; try++ {
-			if cl == nil {
-				res = failure(classError(classNoEndpoint, 0))
-				res.cluster = cand.Cluster
-				break
-			}
-			ep, err := cl.Pick(prev)
-			if err != nil {
-				h.srv.tel.UpstreamError(ctx, cand.Cluster, classNoEndpoint)
-				res = failure(classError(classNoEndpoint, time.Second))
-				res.cluster = cand.Cluster
-				break
-			}
-			attempts++
-			res = h.attempt(ctx, ex, rt, cand, cl, ep, attempts)
-			if res.class != "" && res.class != classClientCancel {
-				h.srv.tel.UpstreamError(ctx, cand.Cluster, res.class)
-			}
-			if ex.committed || !res.retryable || !replayable || ctx.Err() != nil {
-				return h.settlePending(ex, res)
-			}
-			// A connection failure: nothing reached the model server, so another endpoint
-			// of the same cluster may serve it.
-			if res.class == classConnect && try == 0 && len(cl.Endpoints()) > 1 {
-				prev = ep
-				continue
-			}
+		cond := h.tryCandidate(ctx, ex, st, rt, rtr, cand, &res, &attempts)
+		if ctx.Err() != nil || !replayable || cond == "" || !route.Moves(cand, cond) || ci+1 == len(plan) {
 			break
 		}
-		if ctx.Err() != nil || !replayable {
+		if ex.committed && !h.prepareResume(ex, &res) {
 			break
 		}
 	}
 	return h.settlePending(ex, res)
+}
+
+// tryCandidate runs the attempts on one candidate. It returns the condition of the last
+// failure ("" when it succeeded, failed for good, or the budget allows no more attempts).
+func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate, res *result, attempts *int) string {
+	cl := st.clusters[cand.Cluster]
+	if cl == nil {
+		*res = failure(classError(classNoEndpoint, time.Second))
+		res.cluster = cand.Cluster
+		return policy.CondNoEndpoint
+	}
+	var prev *upstream.Endpoint
+	for try := 0; ; try++ {
+		done, ok := rtr.Breakers().Allow(cand.Cluster)
+		if !ok {
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, classBreakerOpen)
+			*res = failure(classError(classBreakerOpen, rtr.Breakers().RetryAfter(cand.Cluster)))
+			res.cluster = cand.Cluster
+			return policy.CondBreakerOpen
+		}
+		ep, err := cl.Pick(prev)
+		if err != nil {
+			done(false, true)
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, classNoEndpoint)
+			*res = failure(classError(classNoEndpoint, time.Second))
+			res.cluster = cand.Cluster
+			return policy.CondNoEndpoint
+		}
+		if *attempts > 0 && !rtr.Budget().TryRetry() {
+			// The retry budget is spent: no new upstream request; the last answer stands.
+			done(false, true)
+			return ""
+		}
+		*attempts++
+		resumed := ex.committed
+		*res = h.attempt(ctx, ex, limitsOf(rt, rtr, cand), cand, cl, ep, *attempts)
+		code := res.errorCode()
+		failed, excluded := rtr.Verdict(res.class, res.status, code)
+		done(failed, excluded)
+		if res.class != "" && res.class != classClientCancel {
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, res.class)
+		}
+		if resumed && res.inband == nil && res.err != nil {
+			res.inband, res.err = res.err, nil // the continuation failed before its first byte
+		}
+		if ex.committed {
+			if res.inband != nil && (res.class == classStreamCut || res.class == classIdleTimeout) {
+				return policy.CondStreamCut
+			}
+			return ""
+		}
+		cond := rtr.Condition(res.class, res.status, code)
+		if cond == policy.CondContract {
+			res.retryable = true
+		}
+		if res.class == "" || !res.retryable || ctx.Err() != nil {
+			return ""
+		}
+		// Retry this candidate: at once on another endpoint after a connection failure
+		// (nothing reached the model server), else after a back-off.
+		switch {
+		case try+1 < rtr.Attempts():
+			wait, ok := rtr.Backoff(try, res.retryAfter())
+			if !ok || !sleep(ctx, wait) {
+				return cond
+			}
+		case res.class == classConnect && try == 0 && len(cl.Endpoints()) > 1:
+		default:
+			return cond
+		}
+		prev = ep
+	}
+}
+
+// prepareResume turns the request into the continuation of the stream cut so far: the text
+// the client already has becomes an assistant prefix that the next candidate continues.
+func (h *Handler) prepareResume(ex *exchange, res *result) bool {
+	if !ex.capture || res.inband == nil {
+		return false
+	}
+	left := 0
+	if ex.preq.MaxTokens > 0 {
+		// One token per event, as vLLM streams by default.
+		if left = ex.preq.MaxTokens - res.tap.TokenEvents; left <= 0 {
+			return false
+		}
+	}
+	body, err := openai.ContinuationBody(ex.preq.Body, string(ex.streamed), left)
+	if err != nil {
+		return false
+	}
+	ex.body = body
+	tap := res.tap
+	ex.carryTap = &tap
+	h.srv.log.Info("resuming a cut stream on the next candidate", "request_id", ex.id,
+		"cluster", res.cluster, "class", res.class, "tokens_so_far", tap.TokenEvents)
+	return true
+}
+
+// sleep waits d, or less if ctx ends first (then it returns false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // settlePending relays a buffered upstream answer that no retry replaced, or ends a broken
@@ -81,16 +174,41 @@ func (h *Handler) settlePending(ex *exchange, res result) result {
 }
 
 // attempt sends the request to one endpoint and relays the answer.
-func (h *Handler) attempt(ctx context.Context, ex *exchange, rt *config.CompiledRoute, cand policy.Candidate, cl *clusterState, ep *upstream.Endpoint, n int) (res result) {
+// limits bound one attempt: the candidate's own time-outs, else the route's, and the per-try
+// time-out (the shorter of retry.per_try_timeout and the step's total).
+type limits struct {
+	connect, ttft, idle, try time.Duration
+}
+
+func limitsOf(rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate) limits {
+	l := limits{connect: rt.Route.Timeouts.Connect.D(), ttft: rt.Timeouts.TTFT.D(), idle: rt.Timeouts.Idle.D(), try: rtr.PerTryTimeout()}
+	if cand.TTFT > 0 {
+		l.ttft = cand.TTFT
+	}
+	if cand.Idle > 0 {
+		l.idle = cand.Idle
+	}
+	if cand.Total > 0 && (l.try == 0 || cand.Total < l.try) {
+		l.try = cand.Total
+	}
+	return l
+}
+
+func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand policy.Candidate, cl *clusterState, ep *upstream.Endpoint, n int) (res result) {
 	res.cluster, res.endpoint, res.attempts = cand.Cluster, ep.String(), n
 	res.model = ex.preq.Model
 	ep.Begin()
 	defer ep.End()
 
+	if lim.try > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, lim.try, errTryTimeout)
+		defer stop()
+	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if d := rt.Route.Timeouts.Connect.D(); d > 0 {
-		actx = upstream.WithConnectTimeout(actx, d) // the route's own, else the cluster's pool default
+	if lim.connect > 0 {
+		actx = upstream.WithConnectTimeout(actx, lim.connect) // the route's own, else the cluster's pool default
 	}
 	actx, span := h.srv.tel.StartClient(actx, ex.preq.Kind.Operation(), ex.preq.Model, cand.Cluster, res.endpoint, n)
 	defer span.End()
@@ -102,7 +220,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, rt *config.Compiled
 		return res
 	}
 
-	wd := startWatchdog(rt.Timeouts.TTFT.D(), rt.Timeouts.Idle.D(), cancel)
+	wd := startWatchdog(lim.ttft, lim.idle, cancel)
 	defer wd.stop()
 	sent := time.Now()
 	if ex.carryTap != nil {
@@ -119,6 +237,9 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, rt *config.Compiled
 		}
 		res.err = classError(res.class, 0)
 		res.status = res.err.Status
+		if res.class == classPerTryTimeout {
+			res.class = classTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
+		}
 		res.retryable = res.class == classConnect || res.class == classTTFTTimeout
 		return res
 	}

@@ -11,19 +11,21 @@ import (
 
 // Error classes: why a request or an attempt failed. They label metrics and Outcomes.
 const (
-	classClientCancel  = "client_cancel"  // the client went away
-	classTTFTTimeout   = "ttft_timeout"   // no first byte within the route's TTFT time-out
-	classIdleTimeout   = "idle_timeout"   // no event within the idle time-out, mid-stream
-	classTimeout       = "timeout"        // the route's total time-out
-	classConnect       = "connect"        // could not connect to (or send to) the endpoint
-	classNoEndpoint    = "no_endpoint"    // no healthy endpoint in the cluster
-	classUpstream5xx   = "upstream_5xx"   // the model server answered 5xx
-	classUpstream429   = "upstream_429"   // the model server answered 429
-	classUpstream4xx   = "upstream_4xx"   // the model server answered another 4xx
-	classStreamCut     = "stream_cut"     // the stream broke after it started
-	classEmptyResponse = "upstream_empty" // the upstream closed before sending anything
-	classShutdown      = "shutdown"       // the gateway's drain deadline passed
-	classUpstreamError = "upstream_error" // the upstream's answer could not be relayed
+	classClientCancel  = "client_cancel"   // the client went away
+	classTTFTTimeout   = "ttft_timeout"    // no first byte within the route's TTFT time-out
+	classIdleTimeout   = "idle_timeout"    // no event within the idle time-out, mid-stream
+	classTimeout       = "timeout"         // the route's total time-out
+	classConnect       = "connect"         // could not connect to (or send to) the endpoint
+	classNoEndpoint    = "no_endpoint"     // no healthy endpoint in the cluster
+	classUpstream5xx   = "upstream_5xx"    // the model server answered 5xx
+	classUpstream429   = "upstream_429"    // the model server answered 429
+	classUpstream4xx   = "upstream_4xx"    // the model server answered another 4xx
+	classStreamCut     = "stream_cut"      // the stream broke after it started
+	classEmptyResponse = "upstream_empty"  // the upstream closed before sending anything
+	classShutdown      = "shutdown"        // the gateway's drain deadline passed
+	classUpstreamError = "upstream_error"  // the upstream's answer could not be relayed
+	classBreakerOpen   = "breaker_open"    // the cluster's breaker is open
+	classPerTryTimeout = "per_try_timeout" // one attempt exceeded retry.per_try_timeout (or a step's total)
 )
 
 // statusClientClosed is nginx's 499: the client closed the request.
@@ -33,6 +35,7 @@ var (
 	errTTFTTimeout  = errors.New("upstream sent no first byte within the TTFT time-out")
 	errIdleTimeout  = errors.New("upstream sent nothing within the idle time-out")
 	errTotalTimeout = errors.New("request exceeded the route's total time-out")
+	errTryTimeout   = errors.New("attempt exceeded its per-try time-out")
 	errShutdown     = errors.New("gateway is shutting down")
 	errClientWrite  = errors.New("client went away")
 
@@ -53,8 +56,14 @@ func classError(class string, retryAfter time.Duration) *openai.Error {
 		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "upstream stalled longer than the route's idle time-out")
 	case classTimeout:
 		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "request exceeded the route's total time-out")
+	case classPerTryTimeout:
+		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "the model server did not answer within the per-try time-out")
 	case classNoEndpoint:
 		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "no healthy endpoint is available for this route")
+		e.RetryAfter = retryAfter
+		return e
+	case classBreakerOpen:
+		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "the model server pool is failing and its breaker is open; retry later")
 		e.RetryAfter = retryAfter
 		return e
 	case classShutdown:
@@ -81,6 +90,8 @@ func causeClass(ctx context.Context) string {
 		return classIdleTimeout
 	case errors.Is(cause, errTotalTimeout):
 		return classTimeout
+	case errors.Is(cause, errTryTimeout):
+		return classPerTryTimeout
 	case errors.Is(cause, errShutdown):
 		return classShutdown
 	default:

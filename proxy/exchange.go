@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -22,7 +24,10 @@ type exchange struct {
 	start     time.Time
 	preq      *policy.Request
 	committed bool // headers went to the client: no more retries, errors go in-band
-	outcome   policy.Outcome
+	// policyHeader holds the headers the admission policies set (x-ratelimit-*): they win
+	// over the upstream's headers of the same name, which describe the gateway's own key.
+	policyHeader http.Header
+	outcome      policy.Outcome
 
 	// Resuming a cut stream (route resume: true, chat only).
 	capture  bool        // collect the streamed text
@@ -47,6 +52,9 @@ func newExchange(w http.ResponseWriter, r *http.Request) *exchange {
 func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	h := ex.w.Header()
 	copyHeaders(h, upstream)
+	for k, vs := range ex.policyHeader {
+		h[k] = vs
+	}
 	h.Del("Content-Length")
 	h.Set("X-Request-Id", ex.id) // ours, even if the upstream answered with its own
 	h.Set("X-Sluice-Upstream", res.cluster)
@@ -88,6 +96,37 @@ type pending struct {
 	status int
 	header http.Header
 	body   []byte
+}
+
+// errorCode is the error code of a buffered upstream error answer ({"error":{"code":...}}).
+func (r *result) errorCode() string {
+	if r.pending == nil || r.pending.status < 400 {
+		return ""
+	}
+	var b struct {
+		Error struct {
+			Code any `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(r.pending.body, &b) != nil || b.Error.Code == nil {
+		return ""
+	}
+	return fmt.Sprint(b.Error.Code)
+}
+
+// retryAfter is a buffered upstream answer's Retry-After (seconds), 0 when absent.
+func (r *result) retryAfter() time.Duration {
+	if r.pending == nil {
+		return 0
+	}
+	v := r.pending.header.Get("Retry-After")
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(0, time.Until(t))
+	}
+	return 0
 }
 
 func failure(e *openai.Error) result { return result{err: e, status: e.Status, class: e.Code} }

@@ -155,6 +155,10 @@ func (h *Handler) admit(ctx context.Context, st *state, ex *exchange, r *policy.
 		}
 		for k, vs := range d.Header {
 			ex.w.Header()[k] = vs
+			if ex.policyHeader == nil {
+				ex.policyHeader = make(http.Header, len(d.Header))
+			}
+			ex.policyHeader[k] = vs
 		}
 		if d.Done != nil {
 			a.done = append(a.done, d.Done)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"sort"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy/guard"
 	"github.com/sluicegw/sluice/policy/ratelimit"
+	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
@@ -41,6 +43,9 @@ func (st *state) limiters() []namedLimiter {
 
 // policyRoutes adds the policies' admin endpoints:
 //
+//	GET  /admin/routes                  every route's splits, weights, retry budget and cluster breakers
+//	PUT  /admin/routes/{route}/weights  {"split": weight, ...}: change split weights at runtime
+//
 //	GET  /admin/breakers        every guard's breakers (state, counts) and degradation level
 //	POST /admin/breakers/reset  reset the breakers of ?tenant=T (all tenants without it), on ?route=R (all routes without it)
 //	GET  /admin/ratelimits      every rate limiter's counters and buckets
@@ -69,6 +74,38 @@ func (s *Server) policyRoutes(mux *http.ServeMux) {
 		}
 		s.log.Info("breakers reset from the admin API", "tenant", tenant, "route", route, "breakers", n)
 		writeJSON(w, http.StatusOK, map[string]int{"reset": n})
+	}))
+	mux.Handle("GET /admin/routes", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		st := s.state.Load()
+		type entry struct {
+			Route string       `json:"route"`
+			State route.Status `json:"state"`
+		}
+		out := []entry{}
+		for i, r := range st.snap.Routes {
+			out = append(out, entry{r.Name, st.routers[i].Snapshot()})
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"routes": out})
+	}))
+	mux.Handle("PUT /admin/routes/{route}/weights", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		rtr := s.state.Load().router(r.PathValue("route"))
+		if rtr == nil {
+			openai.WriteError(w, openai.NewError(http.StatusNotFound, "invalid_request_error", "unknown_route", "no route "+r.PathValue("route")))
+			return
+		}
+		var weights map[string]int
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&weights); err != nil {
+			openai.WriteError(w, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_json", "body must be {\"split\": weight, ...}: "+err.Error()))
+			return
+		}
+		if err := rtr.SetWeights(weights); err != nil {
+			openai.WriteError(w, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_weights", err.Error()))
+			return
+		}
+		s.log.Info("split weights changed from the admin API", "route", r.PathValue("route"), "weights", weights)
+		writeJSON(w, http.StatusOK, map[string]any{"weights": rtr.Weights()})
 	}))
 	mux.Handle("GET /admin/ratelimits", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
 		type entry struct {

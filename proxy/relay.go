@@ -210,6 +210,11 @@ func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstre
 	res.err = classError(res.class, 0)
 	res.status = res.err.Status
 	res.retryable = res.class != classClientCancel && res.class != classTimeout && res.class != classShutdown
+	if res.class == classPerTryTimeout {
+		res.class = classTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
+		res.err = classError(classPerTryTimeout, 0)
+		res.status = res.err.Status
+	}
 }
 
 // eventTooLarge is the error for an upstream SSE event over max_event_bytes.

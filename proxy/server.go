@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/proxy/upstream"
@@ -63,7 +64,7 @@ type Server struct {
 type state struct {
 	snap      *config.Snapshot
 	clusters  map[string]*clusterState
-	plans     [][]policy.Candidate // by route index
+	routers   []*route.Router // by route index: splits, fallback chain, retries, cluster breakers
 	admitters map[string][]policy.Admitter
 	observers map[string][]policy.Observer
 	tenants   tenantResolver // nil when no tenants are configured
@@ -81,9 +82,19 @@ type clusterState struct {
 	apiKey string
 }
 
-// plan returns the route's candidates: the route's cluster (and model rewrite).
-func (st *state) plan(_ context.Context, rt *config.CompiledRoute, _ *policy.Request) []policy.Candidate {
-	return st.plans[rt.Index]
+// plan returns the route's candidates: the chosen split, then the fallback steps.
+func (st *state) plan(ctx context.Context, rt *config.CompiledRoute, r *policy.Request) []policy.Candidate {
+	return st.routers[rt.Index].Plan(ctx, r)
+}
+
+// router is the named route's router, or nil.
+func (st *state) router(name string) *route.Router {
+	for i, r := range st.snap.Routes {
+		if r.Name == name {
+			return st.routers[i]
+		}
+	}
+	return nil
 }
 
 // New builds a server from a validated config. Nothing listens until Start.
@@ -146,15 +157,29 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 		}
 		st.clusters[cc.Name] = &clusterState{Cluster: cl, apiKey: cc.APIKey.Reveal()}
 	}
-	for _, r := range st.snap.Routes {
-		st.plans = append(st.plans, []policy.Candidate{{Cluster: r.Cluster, Model: r.Model}})
-	}
 	fail := func(err error) (*state, error) {
 		st.stop()
 		for _, cl := range st.clusters {
 			cl.Close()
 		}
 		return nil, err
+	}
+	var problems []string
+	for i, r := range st.snap.Routes {
+		rtr, err := route.New(r.Spec, r.Cluster, r.Model, policy.SystemClock{})
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("routes[%d]: %v", i, err))
+			continue
+		}
+		if prev != nil {
+			if old := prev.router(r.Name); old != nil {
+				rtr.Inherit(old)
+			}
+		}
+		st.routers = append(st.routers, rtr)
+	}
+	if len(problems) > 0 {
+		return fail(&config.ValidationError{Problems: problems})
 	}
 	kr, err := buildKeyring(c)
 	if err != nil {

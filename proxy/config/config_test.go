@@ -279,7 +279,12 @@ func TestReadmeDocumentsEveryKey(t *testing.T) {
 func collectKeys(t reflect.Type, prefix string, out *[]string) {
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
+		parts := strings.Split(f.Tag.Get("yaml"), ",")
+		tag := parts[0]
+		if len(parts) > 1 && parts[1] == "inline" {
+			collectKeys(f.Type, prefix, out)
+			continue
+		}
 		if tag == "" || tag == "-" {
 			continue
 		}

@@ -358,10 +358,18 @@ func (c *Config) Validate() error {
 		}
 		names[r.Name] = true
 		switch {
-		case r.Cluster == "":
-			add("%s.cluster: required", at)
-		case !clusters[r.Cluster]:
+		case r.Cluster == "" && !hasWeightedSplit(r):
+			add("%s.cluster: required (or weighted splits)", at)
+		case r.Cluster != "" && !clusters[r.Cluster]:
 			add("%s.cluster: unknown cluster %q", at, r.Cluster)
+		}
+		for _, prob := range r.Spec.Problems() {
+			add("%s.%s", at, prob)
+		}
+		for _, cl := range r.Spec.Clusters() {
+			if !clusters[cl] {
+				add("%s: unknown cluster %q in splits or fallback", at, cl)
+			}
 		}
 		if !strings.HasPrefix(r.Match.PathPrefix, "/") {
 			add("%s.match.path_prefix: must start with /", at)
@@ -387,6 +395,15 @@ func (c *Config) Validate() error {
 		return &ValidationError{Problems: p}
 	}
 	return nil
+}
+
+func hasWeightedSplit(r Route) bool {
+	for _, sp := range r.Splits {
+		if sp.Weight > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func checkTimeouts(add func(string, ...any), at string, t Timeouts) {

@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/route"
 )
 
 // Config is the whole gateway configuration.
@@ -151,13 +152,16 @@ type UpstreamTLS struct {
 type Route struct {
 	Name  string `yaml:"name" json:"name"`
 	Match Match  `yaml:"match" json:"match"`
-	// Cluster serves the route.
-	Cluster string `yaml:"cluster" json:"cluster"`
+	// Cluster serves the route (optional when weighted splits name the clusters).
+	Cluster string `yaml:"cluster" json:"cluster,omitempty"`
 	// Model, when set, rewrites the request's model name before it is sent upstream.
 	Model    string   `yaml:"model" json:"model,omitempty"`
 	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
 	// Policies run on the route's requests: {type, name, params}, built by the policy registry.
 	Policies []policy.Spec `yaml:"policies" json:"policies,omitempty"`
+	// Spec holds the routing keys: splits, sticky, gray_flag_header, fallback, retry, breaker,
+	// resume, contract_mismatch (see policy/route).
+	route.Spec `yaml:",inline"`
 }
 
 // Tenant is a client of the gateway, known by its API keys. Keys come by value from an
