@@ -238,7 +238,9 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 	}
 	h.srv.tel.RecordRequest(ctx, rec)
 	telemetry.SetGenAIResult(span, rec)
-	if out.ErrorClass != "" && out.Status >= 500 && out.Status != statusClientClosed {
+	// Upstream failures are logged; a policy's own rejections (no upstream attempt) are counted
+	// in metrics only, so a burst of refused requests does not flood the log.
+	if out.ErrorClass != "" && out.Status >= 500 && out.Status != statusClientClosed && res.attempts > 0 {
 		h.srv.log.LogAttrs(ctx, slog.LevelWarn, "request failed",
 			slog.String("request_id", ex.id), slog.String("route", rec.Route),
 			slog.String("cluster", rec.Cluster), slog.String("endpoint", rec.Endpoint),

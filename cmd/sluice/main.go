@@ -3,6 +3,7 @@
 //	sluice serve    run the gateway (--config FILE, or --upstream URL for a first try)
 //	sluice mock     run the simulated OpenAI-compatible model server
 //	sluice demo     an end-to-end run on embedded defaults
+//	sluice gpu      print what this host's NVML reports
 //	sluice version  print the version
 //
 // This file holds flags and wiring only.
@@ -34,6 +35,7 @@ func commands() []command {
 		{"serve", "run the gateway", runServe},
 		{"mock", "run the simulated OpenAI-compatible model server", runMock},
 		{"demo", "end-to-end run: two simulators, the gateway and a streaming workload", runDemo},
+		{"gpu", "print what this host's NVML reports (and model-server load with --metrics)", runGPU},
 		{"version", "print the version", func(_ context.Context, args []string, stdout, _ io.Writer) error {
 			fs := flag.NewFlagSet("version", flag.ContinueOnError)
 			fs.Usage = func() { fmt.Fprintln(fs.Output(), "usage: sluice version\n\nPrints the version of this binary.") }

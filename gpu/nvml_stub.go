@@ -1,0 +1,30 @@
+//go:build !(cgo && linux)
+
+package gpu
+
+import (
+	"context"
+	"fmt"
+)
+
+// NVML is the NVML Source. This build has no cgo or is not Linux, so it is always
+// unavailable.
+type NVML struct{ err error }
+
+var _ Source = (*NVML)(nil)
+
+// NewNVML returns an error wrapping ErrUnavailable, together with a usable *NVML whose
+// Devices returns that error.
+func NewNVML() (*NVML, error) {
+	n := &NVML{err: fmt.Errorf("%w: built without NVML support (needs cgo on linux)", ErrUnavailable)}
+	return n, n.err
+}
+
+// Name returns "nvml".
+func (n *NVML) Name() string { return "nvml" }
+
+// Devices returns ErrUnavailable.
+func (n *NVML) Devices(context.Context) ([]Device, error) { return nil, n.err }
+
+// Close does nothing.
+func (n *NVML) Close() error { return nil }
