@@ -60,6 +60,7 @@ func (s *Server) adminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"version": s.Config().Version})
 	}))
 	s.policyRoutes(mux)
+	s.signalRoutes(mux)
 	mux.Handle("GET /debug/pprof/", s.authorized(pprof.Index))
 	mux.Handle("GET /debug/pprof/cmdline", s.authorized(pprof.Cmdline))
 	mux.Handle("GET /debug/pprof/profile", s.authorized(pprof.Profile))

@@ -63,7 +63,7 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 			res.cluster = cand.Cluster
 			return policy.CondBreakerOpen
 		}
-		ep, err := cl.Pick(prev)
+		ep, err := cl.PickFor(prev, upstream.Hint{PrefixHash: ex.preq.PrefixHash, PrefixLen: ex.preq.PrefixLen})
 		if err != nil {
 			done(false, true)
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, classNoEndpoint)
@@ -85,8 +85,14 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		if res.class != "" && res.class != classClientCancel {
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, res.class)
 		}
-		if resumed && res.inband == nil && res.err != nil {
-			res.inband, res.err = res.err, nil // the continuation failed before its first byte
+		if resumed && res.inband == nil && res.class != "" && res.class != classClientCancel {
+			// The continuation failed before its first byte: a transport error (res.err), or
+			// an upstream error answer (res.pending), which cannot be relayed mid-stream.
+			// Either way the client's stream ends with an in-band error, never silently.
+			if res.err == nil {
+				res.err = classError(res.class, 0)
+			}
+			res.inband, res.err, res.pending = res.err, nil, nil
 		}
 		if ex.committed {
 			if res.inband != nil && (res.class == classStreamCut || res.class == classIdleTimeout) {

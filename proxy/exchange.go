@@ -34,6 +34,7 @@ type exchange struct {
 	streamed []byte      // the text relayed so far
 	body     []byte      // when set, sent instead of the request's body (a continuation)
 	carryTap *openai.Tap // the cut attempt's tap, continued by the resumed one
+	streamID []byte      // the first stream's chunk id (raw JSON), kept by the resumed one
 }
 
 func newExchange(w http.ResponseWriter, r *http.Request) *exchange {

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -49,7 +51,8 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	wd.beat()
 	// A resumed stream continues one the client already has: no new headers, and its events
 	// before the first token (the role chunk) are not relayed.
-	skip := ex.committed
+	resumed := ex.committed
+	skip := resumed
 	if !skip {
 		ex.commit(resp.StatusCode, resp.Header, res)
 	}
@@ -69,9 +72,16 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		}
 		if ex.capture {
 			ex.streamed = openai.AppendChatContent(ex.streamed, ev.Data)
+			if !resumed && ex.streamID == nil {
+				ex.streamID = chunkID(ev.Data)
+			}
 		}
 		if !skip {
-			if _, werr := ex.w.Write(ev.Raw); werr != nil {
+			raw := ev.Raw
+			if resumed {
+				raw = withStreamID(ev, ex.streamID)
+			}
+			if _, werr := ex.w.Write(raw); werr != nil {
 				cancel(errClientWrite)
 				res.class, res.status = classClientCancel, statusClientClosed
 				return
@@ -123,6 +133,34 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	}
 	// The forward loop either resumes the stream elsewhere or sends this in-band.
 	res.inband = e
+}
+
+// chunkID is the raw JSON "id" of a stream chunk (nil when it has none).
+func chunkID(data []byte) json.RawMessage {
+	var c struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.Unmarshal(data, &c) != nil || len(c.ID) == 0 || c.ID[0] != '"' {
+		return nil
+	}
+	return c.ID
+}
+
+// withStreamID returns a resumed stream's event carrying the id of the stream the client
+// already has, so that the client sees one completion (clients such as openai-go's stream
+// accumulator drop chunks whose id differs from the first one's).
+func withStreamID(ev openai.Event, id json.RawMessage) []byte {
+	if id == nil || ev.Name != nil || ev.IsDone() || len(ev.Data) == 0 || ev.Data[0] != '{' {
+		return ev.Raw
+	}
+	d, err := openai.SetField(ev.Data, "id", id)
+	if err != nil || bytes.ContainsAny(d, "\r\n") {
+		return ev.Raw
+	}
+	out := make([]byte, 0, len(d)+8)
+	out = append(out, "data: "...)
+	out = append(out, d...)
+	return append(out, "\n\n"...)
 }
 
 // relayBody relays a non-streaming answer. Answers up to maxBufferedBody are read whole before

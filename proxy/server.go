@@ -17,6 +17,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
@@ -57,6 +58,12 @@ type Server struct {
 	stopWatch     context.CancelFunc
 	reloadsFailed atomic.Int64
 	metricsReg    metric.Registration
+	signalsReg    metric.Registration
+
+	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
+	// and this host's GPUs.
+	scraper *gpu.Scraper
+	devices *gpu.NVML
 }
 
 // state is one immutable generation of the running config: the compiled routes and the live
@@ -117,6 +124,14 @@ func New(opts Options) (*Server, error) {
 		s.tel = tel
 	}
 	s.baseCtx, s.cancelBase = context.WithCancelCause(context.Background())
+	ls := opts.Config.LoadSignals
+	names, _ := gpu.Preset(ls.Names)
+	s.scraper = &gpu.Scraper{Interval: ls.Interval.D(), Timeout: ls.Timeout.D(), Staleness: ls.Staleness.D(), Names: names}
+	if !ls.DisableNVML {
+		// No GPU or no driver is normal (a gateway host): the source reports unavailable.
+		s.devices, _ = gpu.NewNVML()
+		s.scraper.Devices = s.devices
+	}
 	st, err := s.build(opts.Config, nil)
 	if err != nil {
 		return nil, err
@@ -125,6 +140,9 @@ func New(opts Options) (*Server, error) {
 	s.tel.SetConfigInfo(opts.Config.Version)
 	if s.metricsReg, err = s.policyMetrics(s.tel.Meter()); err != nil {
 		return nil, fmt.Errorf("policy metrics: %w", err)
+	}
+	if s.signalsReg, err = s.signalMetrics(s.tel.Meter()); err != nil {
+		return nil, fmt.Errorf("signal metrics: %w", err)
 	}
 	return s, nil
 }
@@ -140,8 +158,15 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 	}
 	var ctx context.Context
 	ctx, st.stop = context.WithCancel(s.baseCtx)
+	metrics := map[string]string{}
 	for _, cc := range c.Clusters {
 		opts := clusterOptions(cc, c.Timeouts, s.log)
+		for _, ep := range cc.Endpoints {
+			if ep.Metrics != "" {
+				metrics[ep.URL] = ep.Metrics
+				opts.Load = loadSource{s.scraper}
+			}
+		}
 		cl, err := upstream.NewCluster(opts)
 		if err != nil {
 			st.stop()
@@ -194,7 +219,16 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 	for _, cl := range st.clusters {
 		cl.Start(ctx)
 	}
+	s.scraper.Set(metrics)
 	return st, nil
+}
+
+// loadSource gives endpoint picking the scraped model-server load.
+type loadSource struct{ s *gpu.Scraper }
+
+func (l loadSource) Get(endpoint string) (upstream.Load, bool) {
+	v, ok := l.s.Get(endpoint)
+	return upstream.Load{Waiting: v.Waiting, Running: v.Running, KVCacheUsage: v.KVCacheUsage}, ok
 }
 
 func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logger) upstream.Options {
@@ -208,6 +242,9 @@ func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logge
 	for _, ep := range cc.Endpoints {
 		o.Endpoints = append(o.Endpoints, upstream.EndpointSpec{URL: ep.URL, MetricsURL: ep.Metrics, Weight: ep.Weight})
 	}
+	p := cc.Picking
+	o.Picking = upstream.Picking{Strategy: p.Strategy, InFlightWeight: p.InFlightWeight, WaitingWeight: p.WaitingWeight,
+		KVWeight: p.KVWeight, AffinityMaxLoad: p.AffinityMaxLoad, AffinityMinPrefix: p.AffinityMinPrefix, DisableAffinity: p.DisableAffinity}
 	if !cc.HealthCheck.Disabled {
 		o.HealthCheck = upstream.HealthCheck{
 			Path: cc.HealthCheck.Path, Interval: cc.HealthCheck.Interval.D(), Timeout: cc.HealthCheck.Timeout.D(),
@@ -289,6 +326,9 @@ func (s *Server) Start() error {
 			s.watch(wctx)
 		}()
 	}
+	if err := s.scraper.Start(s.baseCtx); err != nil {
+		s.log.Warn("load signals not started", "err", err)
+	}
 	s.ready.Store(true)
 	s.log.Info("sluice listening", "addr", s.Addr(), "admin", s.AdminAddr(), "tls", c.TLS.Enabled(),
 		"config", c.Source, "version", c.Version)
@@ -338,6 +378,9 @@ func (s *Server) reloadLocked() error {
 	}
 	if c.Admin.Listen != oc.Admin.Listen {
 		p = append(p, fmt.Sprintf("admin.listen: changing %q to %q needs a restart", oc.Admin.Listen, c.Admin.Listen))
+	}
+	if c.LoadSignals != oc.LoadSignals {
+		p = append(p, "load_signals: changing it needs a restart")
 	}
 	if c.TLS.Enabled() != oc.TLS.Enabled() {
 		p = append(p, "tls: turning TLS on or off needs a restart")
@@ -424,6 +467,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	retire(st, &state{})
 	_ = s.metricsReg.Unregister()
+	_ = s.signalsReg.Unregister()
+	_ = s.scraper.Close()
+	if s.devices != nil {
+		_ = s.devices.Close()
+	}
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

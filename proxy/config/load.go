@@ -11,12 +11,14 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
@@ -164,6 +166,19 @@ func (c *Config) applyDefaults() {
 		Connect: Duration(DefaultConnectTimeout), TTFT: Duration(DefaultTTFTTimeout),
 		Idle: Duration(DefaultIdleTimeout), Total: Duration(DefaultTotalTimeout),
 	})
+	ls := &c.LoadSignals
+	if ls.Interval == 0 {
+		ls.Interval = Duration(gpu.DefaultInterval)
+	}
+	if ls.Timeout == 0 {
+		ls.Timeout = Duration(gpu.DefaultTimeout)
+	}
+	if ls.Staleness == 0 {
+		ls.Staleness = Duration(gpu.DefaultStaleness)
+	}
+	if ls.Names == "" {
+		ls.Names = "vllm"
+	}
 	for i := range c.Clusters {
 		cl := &c.Clusters[i]
 		for j := range cl.Endpoints {
@@ -253,6 +268,12 @@ func (c *Config) Validate() error {
 		add("drain_timeout: must not be negative")
 	}
 	checkTimeouts(add, "timeouts", c.Timeouts)
+	if _, ok := gpu.Preset(c.LoadSignals.Names); !ok {
+		add("load_signals.names: %q is not vllm, tgi, triton or sglang", c.LoadSignals.Names)
+	}
+	if c.LoadSignals.Interval < 0 || c.LoadSignals.Timeout < 0 || c.LoadSignals.Staleness < 0 {
+		add("load_signals: durations must not be negative")
+	}
 
 	clusters := map[string]bool{}
 	if len(c.Clusters) == 0 {
@@ -321,6 +342,26 @@ func (c *Config) Validate() error {
 		}
 		if cl.MaxIdleConnsPerHost < 0 {
 			add("%s.max_idle_conns_per_host: must not be negative", at)
+		}
+		switch cl.Picking.Strategy {
+		case "", "least_inflight":
+		case "load_aware":
+			if !slices.ContainsFunc(cl.Endpoints, func(e Endpoint) bool { return e.Metrics != "" }) {
+				add("%s.picking.strategy: load_aware needs endpoints with a metrics URL", at)
+			}
+		default:
+			add("%s.picking.strategy: %q is not least_inflight or load_aware", at, cl.Picking.Strategy)
+		}
+		for _, w := range []struct {
+			name string
+			v    float64
+		}{{"inflight_weight", cl.Picking.InFlightWeight}, {"waiting_weight", cl.Picking.WaitingWeight}, {"kv_weight", cl.Picking.KVWeight}, {"affinity_max_load", cl.Picking.AffinityMaxLoad}} {
+			if w.v < 0 || w.v > 1e6 || w.v != w.v {
+				add("%s.picking.%s: %v is not within 0..1e6", at, w.name, w.v)
+			}
+		}
+		if cl.Picking.AffinityMinPrefix < 0 {
+			add("%s.picking.affinity_min_prefix: must not be negative", at)
 		}
 	}
 

@@ -35,6 +35,8 @@ type Config struct {
 	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
 	// Admin is the separate admin listener (/healthz, /readyz, /metrics, /admin/...).
 	Admin Admin `yaml:"admin" json:"admin"`
+	// LoadSignals: model-server metrics and local GPUs as load signals.
+	LoadSignals LoadSignals `yaml:"load_signals" json:"load_signals"`
 	// Tenants are identified by their API keys (Authorization: Bearer KEY).
 	Tenants []Tenant `yaml:"tenants" json:"tenants,omitempty"`
 	// Clusters are the upstream model-server pools.
@@ -109,6 +111,39 @@ type Cluster struct {
 	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
 	// MaxIdleConnsPerHost sizes the keep-alive pool to each endpoint.
 	MaxIdleConnsPerHost int `yaml:"max_idle_conns_per_host" json:"max_idle_conns_per_host"`
+	// Picking chooses an endpoint for each request.
+	Picking Picking `yaml:"picking" json:"picking"`
+}
+
+// Picking configures endpoint picking within a cluster. With metrics URLs on the endpoints
+// the default is load-aware (queue depth, KV-cache use, in-flight; fresh signals only) with
+// prompt-prefix affinity; without, least in-flight.
+type Picking struct {
+	// Strategy is "least_inflight" or "load_aware" ("": load_aware when endpoints have metrics).
+	Strategy       string  `yaml:"strategy" json:"strategy,omitempty"`
+	InFlightWeight float64 `yaml:"inflight_weight" json:"inflight_weight,omitempty"`
+	WaitingWeight  float64 `yaml:"waiting_weight" json:"waiting_weight,omitempty"`
+	KVWeight       float64 `yaml:"kv_weight" json:"kv_weight,omitempty"`
+	// AffinityMaxLoad: how much worse (score units ≈ requests) the prefix's endpoint may be
+	// than the best before affinity is given up for a request.
+	AffinityMaxLoad float64 `yaml:"affinity_max_load" json:"affinity_max_load,omitempty"`
+	// AffinityMinPrefix: the shortest prompt prefix (bytes) that earns affinity.
+	AffinityMinPrefix int  `yaml:"affinity_min_prefix" json:"affinity_min_prefix,omitempty"`
+	DisableAffinity   bool `yaml:"disable_affinity" json:"disable_affinity,omitempty"`
+}
+
+// LoadSignals configures how model-server metrics (and local GPUs) are read.
+type LoadSignals struct {
+	// Interval between scrapes of one endpoint's metrics URL.
+	Interval Duration `yaml:"interval" json:"interval"`
+	// Timeout of one scrape.
+	Timeout Duration `yaml:"timeout" json:"timeout"`
+	// Staleness: a signal older than this is not used.
+	Staleness Duration `yaml:"staleness" json:"staleness"`
+	// Names is the metric-name preset: vllm, tgi, triton or sglang.
+	Names string `yaml:"names" json:"names"`
+	// DisableNVML stops reading this host's GPUs through NVML (/admin/gpu, metrics).
+	DisableNVML bool `yaml:"disable_nvml" json:"disable_nvml,omitempty"`
 }
 
 // Endpoint is one model-server replica.

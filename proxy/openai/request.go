@@ -29,6 +29,8 @@ type Request struct {
 	Temperature    *float64 // temperature, nil if absent or null
 	Seed           *int64   // seed, nil if absent or null
 	ResponseFormat string   // response_format.type: "", "text", "json_object", "json_schema"
+	PrefixHash     uint64   // hash of the prompt's first PrefixHashBytes bytes; 0: none (see prefix.go)
+	PrefixLen      int      // bytes of prompt text PrefixHash covers, up to PrefixHashBytes; 0 with no hash
 }
 
 // ReadBody reads a request body of at most limit bytes (limit <= 0: no limit). It reads at
@@ -183,6 +185,8 @@ type parser struct {
 	stats   textStats
 	tokenID int    // prompt tokens given as token IDs
 	scratch []byte // decoded JSON text embedded in strings
+
+	prefix, toolsPrefix prefixHasher // Request.PrefixHash: prompt text, tool declarations
 
 	haveModel, haveMessages, havePrompt bool
 	maxTokens, maxCompletion            int64
@@ -340,6 +344,11 @@ func (p *parser) parse() {
 		req.MaxTokens = int(p.maxCompletion)
 	}
 	req.PromptChars = p.stats.chars
+	if req.Kind != KindEmbedding {
+		if req.PrefixHash = prefixHash(&p.prefix, &p.toolsPrefix); req.PrefixHash != 0 {
+			req.PrefixLen = p.prefix.n
+		}
+	}
 	req.PromptTokens = p.stats.tokens() + p.tokenID
 	if req.Kind == KindChat && req.Messages > 0 {
 		req.PromptTokens += 4*req.Messages + 3
@@ -524,6 +533,9 @@ func (p *parser) tools(name string) {
 	if p.ok() {
 		p.req.Tools += n
 		p.stats.addRaw(p.b[start:p.i])
+		if !p.toolsPrefix.full() {
+			p.toolsPrefix.write(p.b[start:p.i])
+		}
 	}
 }
 
@@ -626,6 +638,7 @@ func (p *parser) messages() {
 	}
 	p.haveMessages = true
 	p.req.Messages = 0
+	p.prefix = prefixHasher{} // the last "messages" wins
 	p.i++
 	for first, i := true, 0; p.elem(&first); i++ {
 		p.message(i)
@@ -665,11 +678,21 @@ func (p *parser) message(i int) {
 	}
 }
 
-// text reads a string of content at the cursor, counts it and measures its depth.
+// text reads a string of content at the cursor, counts it, measures its depth and adds it
+// to the prefix hash.
 func (p *parser) text() {
 	if raw, esc, ok := p.strStats(&p.stats); ok {
 		d, _ := embeddedDepth(raw, esc, &p.scratch)
 		p.depth(d)
+		p.hashText(raw)
+	}
+}
+
+// hashText adds one piece of prompt text (raw, as in the body) to the prefix hash.
+func (p *parser) hashText(raw []byte) {
+	if !p.prefix.full() {
+		p.prefix.write(raw)
+		p.prefix.sep()
 	}
 }
 
@@ -807,7 +830,9 @@ func (p *parser) function(l loc) {
 		switch {
 		case equalString(key, esc, "name"):
 			if p.peek() == '"' {
-				p.strStats(&p.stats)
+				if raw, _, ok := p.strStats(&p.stats); ok {
+					p.hashText(raw)
+				}
 				continue
 			}
 			p.skip(nil)
@@ -818,6 +843,7 @@ func (p *parser) function(l loc) {
 				if !ok {
 					return
 				}
+				p.hashText(raw)
 				d, isJSON := embeddedDepth(raw, esc, &p.scratch)
 				if isJSON {
 					d = max(d-1, 1) // the arguments object is an envelope
@@ -846,6 +872,7 @@ const promptTypes = "a string, an array of strings, an array of integers, or an 
 func (p *parser) prompts(name string, embedding bool) {
 	req := p.req
 	req.Inputs = 0
+	p.prefix = prefixHasher{} // the last "prompt" wins
 	switch p.peek() {
 	case 'n':
 		p.skip(nil)

@@ -27,6 +27,7 @@ type Cluster struct {
 	endpoints []*Endpoint
 	hcEnabled bool
 	odEnabled bool
+	pk        picker // Picking, resolved
 
 	rr atomic.Uint64 // round-robin among ties
 
@@ -57,6 +58,7 @@ func NewCluster(opts Options) (*Cluster, error) {
 		log:       o.Logger.With("cluster", o.Name),
 		hcEnabled: o.HealthCheck.Interval > 0,
 		odEnabled: o.Outlier.ConsecutiveFailures > 0,
+		pk:        newPicker(o),
 	}
 	anyTLS := false
 	c.endpoints = make([]*Endpoint, len(o.Endpoints))
@@ -77,8 +79,14 @@ func NewCluster(opts Options) (*Cluster, error) {
 			metricsURL: spec.MetricsURL,
 			healthURL:  healthURL(u, o.HealthCheck.Path),
 			weight:     int64(w),
+			hrwKey:     hrwKey(endpointKey(u)),
 			st:         newEndpointState(),
 		}
+		c.endpoints[i].sig.Store(noSignal)
+	}
+	c.pk.uniform = true
+	for _, e := range c.endpoints {
+		c.pk.uniform = c.pk.uniform && e.weight == c.endpoints[0].weight
 	}
 	t, key, err := newTransport(o, anyTLS)
 	if err != nil {
@@ -115,12 +123,17 @@ func (c *Cluster) usable(s *endpointState, now int64) bool {
 	return true
 }
 
-// Pick returns the available endpoint with the least in-flight requests relative to its
-// weight, skipping exclude (may be nil; matched by URL state, so an endpoint of the cluster
-// this one replaced also counts) when any other endpoint is available. See the package doc
-// for tie-breaking and panic mode. Pick is O(len(endpoints)) and does not allocate; it does
-// not count the request in flight: call Begin (or Acquire) on the result.
+// Pick is PickFor(exclude, Hint{}): the best available endpoint by the cluster's picking
+// strategy, without prefix affinity.
 func (c *Cluster) Pick(exclude *Endpoint) (*Endpoint, error) {
+	return c.PickFor(exclude, Hint{})
+}
+
+// pickLeastInFlight returns the available endpoint with the least in-flight requests
+// relative to its weight, skipping exclude (may be nil; matched by URL state, so an
+// endpoint of the cluster this one replaced also counts) when any other endpoint is
+// available. See the package doc for tie-breaking and panic mode.
+func (c *Cluster) pickLeastInFlight(exclude *Endpoint) (*Endpoint, error) {
 	now := c.clock.Now().UnixNano()
 	var ex *endpointState
 	if exclude != nil {
@@ -158,10 +171,10 @@ func (c *Cluster) Pick(exclude *Endpoint) (*Endpoint, error) {
 		if ties > 1 {
 			best = c.nthTie(now, ex, bestL, bestW, ties, best)
 		}
-		return best, nil
+		return best.picked(pickLeastInFlight), nil
 	}
 	if exAvail != nil {
-		return exAvail, nil
+		return exAvail.picked(pickLeastInFlight), nil
 	}
 	return c.panicPick(ex)
 }
@@ -202,9 +215,9 @@ func (c *Cluster) panicPick(ex *endpointState) (*Endpoint, error) {
 	}
 	switch {
 	case best != nil:
-		return best, nil
+		return best.picked(pickPanic), nil
 	case exBest != nil:
-		return exBest, nil
+		return exBest.picked(pickPanic), nil
 	}
 	return nil, ErrNoHealthyEndpoint
 }

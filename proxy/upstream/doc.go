@@ -4,25 +4,62 @@
 //
 // # The picture
 //
-//	Options ──Validate──► NewCluster ──(Inherit old)──► Start ──► Pick ─► Begin/End ─► Report
-//	                                                                 ▲                     │
-//	                    active health checks (one goroutine per      │                     │
-//	                    endpoint, owned by the cluster) ─► healthy ──┘   outlier ejection ◄┘
+//	Options ──Validate──► NewCluster ──(Inherit old)──► Start ──► PickFor ─► Begin/End ─► Report
+//	                                                                 ▲                        │
+//	                    active health checks (one goroutine per      │                        │
+//	                    endpoint, owned by the cluster) ─► healthy ──┘      outlier ejection ◄┘
 //
 // A [Cluster] is built from [Options] and is immutable apart from the per-endpoint state
 // (in-flight count, health, ejection, counters), which is all atomic or behind small locks.
-// The gateway asks [Cluster.Pick] for an endpoint, brackets the request with
+// The gateway asks [Cluster.PickFor] for an endpoint, brackets the request with
 // [Endpoint.Begin]/[Endpoint.End] (or [Endpoint.Acquire]), sends it with
 // [Cluster.Transport], and tells the endpoint how it went with [Endpoint.Report].
 //
-// # Picking (weighted least request)
+// # Picking
 //
-// Pick scans every endpoint once (O(n), no allocation) and returns the available endpoint
-// with the least in-flight requests relative to its weight: endpoint a beats b when
-// (inflight(a)+1)/weight(a) < (inflight(b)+1)/weight(b). With equal weights (the default,
-// 1) this is plain least in-flight. Equal normalised load goes to the higher weight; a
-// remaining tie (same in-flight, same weight) is broken round-robin. The endpoint passed as
-// exclude (the one that just failed) is skipped when any other endpoint is available.
+// The gateway asks [Cluster.PickFor] with a [Hint] (the request's prompt-prefix hash), or
+// [Cluster.Pick], which is PickFor without a hint. Both scan every endpoint once (O(n), no
+// allocation) and never count the request: the caller calls Begin.
+//
+// Strategy least_inflight (the default without Options.Load), weighted least request:
+// endpoint a beats b when (inflight(a)+1)/weight(a) < (inflight(b)+1)/weight(b). With equal
+// weights (the default, 1) this is plain least in-flight. Equal normalised load goes to the
+// higher weight; a remaining tie (same in-flight, same weight) is broken round-robin.
+//
+// Strategy load_aware (the default with Options.Load) adds what the model server reports
+// through [LoadSource], for signals that are fresh (Get returns ok):
+//
+//	score = (inflight+1)/weight × InFlightWeight + waiting × WaitingWeight + kv × KVWeight
+//
+// and picks the lowest score. In-flight counts this gateway's requests and moves at once;
+// waiting (the server's queue, all clients' requests) and kv (KV-cache use, 0..1) move only
+// at each scrape, so the in-flight term keeps a burst between two scrapes from piling onto
+// the endpoint that looked idlest. An endpoint without a fresh signal (never scraped,
+// scrape failing, stale, or a non-finite or negative value) is scored as if its signal term
+// were the mean signal term of the endpoints that have one in this pick: it is neither
+// taken for idle (which would draw every request to a server whose metrics endpoint is
+// down) nor shunned, and among such endpoints in-flight decides. With no fresh signal at
+// all this is least in-flight (counted as no_signals). Equal scores are broken at random
+// (reservoir sampling), so idle endpoints share evenly.
+//
+// Prefix affinity (both strategies; Picking.DisableAffinity turns it off): when the hint
+// carries a PrefixHash (and PrefixLen is 0 or at least AffinityMinPrefix), the available
+// endpoints, exclude aside, are ranked by rendezvous hashing of the prefix with each
+// endpoint's URL key (weighted by endpoint weight; deterministic, so every gateway replica
+// and every reload agrees). The top one is the affinity endpoint: requests sharing a prompt
+// prefix go there, where the model server's prefix cache holds it, as long as its score is
+// at most AffinityMaxLoad above the best score; otherwise that request goes to the
+// best-scoring endpoint (affinity abandoned for load). An endpoint added to or removed from
+// the cluster moves only the prefixes it wins or held, about 1/n of them. Excluding the
+// affinity endpoint (a retry) sends the request to the prefix's next endpoint in rendezvous
+// order.
+//
+// Every pick is counted on the chosen endpoint by reason ([PickStats]: least_inflight,
+// load_aware, no_signals, affinity_kept, affinity_abandoned, panic), in
+// [Cluster.Snapshot] per endpoint and [Cluster.PickStats] per cluster.
+//
+// The endpoint passed as exclude (the one that just failed) is skipped when any other
+// endpoint is available.
 //
 // An endpoint is available when it is healthy by active checks (or active checking is off)
 // and not ejected by outlier detection (or outlier detection is off).

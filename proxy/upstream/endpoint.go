@@ -19,7 +19,14 @@ type Endpoint struct {
 	metricsURL string
 	healthURL  string
 	weight     int64
+	hrwKey     uint64 // rendezvous-hash key, from the URL key: the same on every replica and reload
 	st         *endpointState
+
+	// The signal term last read from Options.Load (float64 bits; noSignal: none) and until
+	// when (unix ns by the cluster's Clock) it may be used without asking again. Per
+	// cluster, not shared across reloads: a new cluster may have another source or weights.
+	sig      atomic.Uint64
+	sigUntil atomic.Int64
 }
 
 // endpointState is what survives a reload. Hot fields are atomic; the rest is guarded by mu.
@@ -30,6 +37,7 @@ type endpointState struct {
 	consecutive  atomic.Int64 // consecutive passive failures
 	requests     atomic.Int64 // requests begun
 	failures     atomic.Int64 // requests reported as failed
+	picks        [numPickReasons]atomic.Int64
 
 	mu           sync.Mutex
 	multiplier   int64 // ejection multiplier (Envoy's eject_time_backoff)
@@ -141,6 +149,7 @@ type EndpointStatus struct {
 	Failures            int64     `json:"failures"`               // reported with Report(false)
 	LastHealthCheck     time.Time `json:"last_health_check,omitzero"`
 	LastHealthError     string    `json:"last_health_error,omitempty"` // of the last check; empty after a success
+	Picks               PickStats `json:"picks"`                       // times Pick/PickFor chose this endpoint, by reason
 }
 
 func (e *Endpoint) status(now int64) EndpointStatus {
@@ -165,5 +174,6 @@ func (e *Endpoint) status(now int64) EndpointStatus {
 	st.LastHealthCheck = s.lastCheck
 	st.LastHealthError = s.lastCheckErr
 	s.mu.Unlock()
+	st.Picks = s.pickStats()
 	return st
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"strconv"
@@ -26,6 +27,17 @@ const (
 	DefaultDecayInterval       = 10 * time.Second  // Envoy's outlier interval
 	DefaultWeight              = 1
 	MaxWeight                  = 10000
+
+	// Picking (see Picking and the package doc).
+	StrategyLeastInFlight    = "least_inflight"
+	StrategyLoadAware        = "load_aware"
+	DefaultInFlightWeight    = 1.0                   // score per in-flight request per unit of endpoint weight
+	DefaultWaitingWeight     = 1.0                   // score per request waiting in the model server's queue
+	DefaultKVWeight          = 4.0                   // score at a full KV cache (KVCacheUsage 1)
+	DefaultAffinityMaxLoad   = 2.0                   // the affinity endpoint may score this much above the best
+	DefaultAffinityMinPrefix = 256                   // bytes of prompt prefix (Hint.PrefixLen) for affinity
+	DefaultLoadCache         = 10 * time.Millisecond // how long picks reuse a signal read from Options.Load
+	maxPickingWeight         = 1e6
 )
 
 // Clock is the time source; tests inject a fake. Only Now is needed: ejection expiry is
@@ -61,6 +73,40 @@ type Outlier struct {
 	DecayInterval       time.Duration // each full interval back in service lowers the multiplier by one; default 10s
 }
 
+// Picking configures how Pick and PickFor choose an endpoint (see the package doc for the
+// score). The zero value is the default: load-aware scoring when Options.Load is set, else
+// least in-flight; prefix affinity on.
+type Picking struct {
+	// Strategy is "least_inflight" (in-flight requests per weight only; Load is not read) or
+	// "load_aware" (in-flight plus the model server's queue and KV-cache use, from
+	// Options.Load, fresh signals only). "" means load_aware when Load is set, else
+	// least_inflight. load_aware without a Load is an error.
+	Strategy string
+
+	// Score weights. When all three are zero the defaults apply (InFlight 1, Waiting 1,
+	// KV 4); when any is set, the others are used as given (0 drops that term). Each must
+	// be finite and in [0, 1e6].
+	InFlightWeight float64 // per (in-flight+1)/weight
+	WaitingWeight  float64 // per waiting request (vllm:num_requests_waiting)
+	KVWeight       float64 // per unit of KV-cache use, 0..1 (vllm:kv_cache_usage_perc)
+
+	// AffinityMaxLoad is how much higher the affinity endpoint's score may be than the best
+	// score before affinity is abandoned for that request (additive, in score units: with
+	// the default weights, one unit is one more request in flight or waiting). Default 2.
+	AffinityMaxLoad float64
+	// AffinityMinPrefix is the shortest prompt prefix, in bytes (Hint.PrefixLen), that
+	// earns affinity; a hint without a length (PrefixLen 0) is taken as long enough.
+	// Default 256.
+	AffinityMinPrefix int
+	// DisableAffinity ignores Hint.PrefixHash.
+	DisableAffinity bool
+	// LoadCache is how long a signal read from Options.Load is reused by picks before Load
+	// is asked again, per endpoint; well below the scrape interval (50-100 ms), it only
+	// spares the source a call per endpoint per pick. Default 10ms; negative: ask on
+	// every pick.
+	LoadCache time.Duration
+}
+
 // TLS configures the client side of TLS to https endpoints.
 type TLS struct {
 	CAFile             string // PEM bundle; when set it is the only root pool trusted (system roots are not)
@@ -77,6 +123,8 @@ type Options struct {
 	Outlier             Outlier
 	TLS                 TLS
 	MaxIdleConnsPerHost int          // keep-alive pool per endpoint; default 256
+	Load                LoadSource   // model-server load per endpoint; nil: in-flight counts only
+	Picking             Picking      // strategy, score weights, prefix affinity
 	Clock               Clock        // default: the real clock
 	Logger              *slog.Logger // health and ejection transitions; default: discard
 }
@@ -166,6 +214,31 @@ func (o Options) Validate() error {
 		add("outlier.decay_interval", "must not be negative")
 	}
 
+	pk := o.Picking
+	switch pk.Strategy {
+	case "", StrategyLeastInFlight:
+	case StrategyLoadAware:
+		if o.Load == nil {
+			add("picking.strategy", "%s needs a load source (model-server metrics)", StrategyLoadAware)
+		}
+	default:
+		add("picking.strategy", "must be %q or %q, got %q", StrategyLeastInFlight, StrategyLoadAware, pk.Strategy)
+	}
+	for _, w := range []struct {
+		field string
+		v     float64
+	}{
+		{"picking.inflight_weight", pk.InFlightWeight}, {"picking.waiting_weight", pk.WaitingWeight},
+		{"picking.kv_weight", pk.KVWeight}, {"picking.affinity_max_load", pk.AffinityMaxLoad},
+	} {
+		if math.IsNaN(w.v) || w.v < 0 || w.v > maxPickingWeight {
+			add(w.field, "must be between 0 and %g, got %v", float64(maxPickingWeight), w.v)
+		}
+	}
+	if pk.AffinityMinPrefix < 0 {
+		add("picking.affinity_min_prefix", "must not be negative")
+	}
+
 	if o.TLS.CAFile != "" {
 		if _, _, err := loadCA(o.TLS.CAFile); err != nil {
 			add("tls.ca_file", "%v", err)
@@ -205,6 +278,25 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Outlier.DecayInterval == 0 {
 		o.Outlier.DecayInterval = DefaultDecayInterval
+	}
+	pk := &o.Picking
+	if pk.Strategy == "" {
+		pk.Strategy = StrategyLeastInFlight
+		if o.Load != nil {
+			pk.Strategy = StrategyLoadAware
+		}
+	}
+	if pk.InFlightWeight == 0 && pk.WaitingWeight == 0 && pk.KVWeight == 0 {
+		pk.InFlightWeight, pk.WaitingWeight, pk.KVWeight = DefaultInFlightWeight, DefaultWaitingWeight, DefaultKVWeight
+	}
+	if pk.AffinityMaxLoad == 0 {
+		pk.AffinityMaxLoad = DefaultAffinityMaxLoad
+	}
+	if pk.AffinityMinPrefix == 0 {
+		pk.AffinityMinPrefix = DefaultAffinityMinPrefix
+	}
+	if pk.LoadCache == 0 {
+		pk.LoadCache = DefaultLoadCache
 	}
 	if o.Clock == nil {
 		o.Clock = realClock{}
