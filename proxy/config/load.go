@@ -125,6 +125,9 @@ func FromUpstreams(listen, admin string, upstreams []string) (*Config, error) {
 	c := &Config{Listen: listen, Admin: Admin{Listen: admin}, Source: "flags"}
 	cl := Cluster{Name: "default"}
 	for _, u := range upstreams {
+		if !strings.Contains(u, "://") {
+			return nil, fmt.Errorf("--upstream %q: give a URL with its scheme, e.g. http://%s", u, u)
+		}
 		cl.Endpoints = append(cl.Endpoints, Endpoint{URL: u})
 	}
 	c.Clusters = []Cluster{cl}
