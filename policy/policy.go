@@ -82,8 +82,8 @@ const (
 )
 
 // DefaultOn is what moves on from a candidate that does not say: every failure before the
-// first byte.
-var DefaultOn = []string{CondConnect, Cond5xx, Cond429, CondTTFTTimeout, CondBreakerOpen, CondNoEndpoint, CondOverload}
+// first byte (a contract mismatch only arises where the route lists one).
+var DefaultOn = []string{CondConnect, Cond5xx, Cond429, CondTTFTTimeout, CondBreakerOpen, CondNoEndpoint, CondOverload, CondContract}
 
 // Planner orders the candidates for a request: the primary first, then fallbacks.
 type Planner interface {

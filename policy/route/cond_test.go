@@ -50,7 +50,7 @@ func TestMoves(t *testing.T) {
 			t.Errorf("default On does not move on %q", c)
 		}
 	}
-	for _, c := range []string{policy.CondContract, policy.CondStreamCut, ""} {
+	for _, c := range []string{policy.CondStreamCut, ""} {
 		if Moves(def, c) {
 			t.Errorf("default On moves on %q", c)
 		}

@@ -376,8 +376,8 @@ func TestPlanOrderAndDedup(t *testing.T) {
 		t.Errorf("plan has spare capacity: an append by the caller would write into the shared plan")
 	}
 	// Moves: defaults and custom.
-	if !Moves(plan[0], policy.Cond429) || Moves(plan[0], policy.CondContract) {
-		t.Error("default On: 429 should move, contract should not")
+	if !Moves(plan[0], policy.Cond429) || !Moves(plan[0], policy.CondContract) || Moves(plan[0], policy.CondStreamCut) {
+		t.Error("default On: 429 and contract should move, stream_cut (without resume) should not")
 	}
 	if !Moves(plan[1], policy.CondContract) || Moves(plan[1], policy.Cond429) {
 		t.Error("custom On: contract should move, 429 should not")

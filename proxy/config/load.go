@@ -410,9 +410,14 @@ func (c *Config) Validate() error {
 		for _, prob := range r.Spec.Problems() {
 			add("%s.%s", at, prob)
 		}
-		for _, cl := range r.Spec.Clusters() {
-			if !clusters[cl] {
-				add("%s: unknown cluster %q in splits or fallback", at, cl)
+		for j, sp := range r.Splits {
+			if sp.Cluster != "" && !clusters[sp.Cluster] {
+				add("%s.splits[%d].cluster: unknown cluster %q", at, j, sp.Cluster)
+			}
+		}
+		for j, st := range r.Fallback {
+			if st.Cluster != "" && !clusters[st.Cluster] {
+				add("%s.fallback[%d].cluster: unknown cluster %q", at, j, st.Cluster)
 			}
 		}
 		if !strings.HasPrefix(r.Match.PathPrefix, "/") {
