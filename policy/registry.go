@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
-	"time"
 )
 
 // Spec configures one policy: `{type, name, params}`. The YAML file and xDS
@@ -98,33 +97,3 @@ func DecodeParams(params json.RawMessage, v any) error {
 	}
 	return nil
 }
-
-// Duration is a params duration: a Go duration string ("30s", "250ms") or a number of seconds.
-type Duration time.Duration
-
-// D returns the time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
-
-// UnmarshalJSON accepts "1.5s" or 1.5.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	switch x := v.(type) {
-	case float64:
-		*d = Duration(x * float64(time.Second))
-	case string:
-		p, err := time.ParseDuration(x)
-		if err != nil {
-			return fmt.Errorf("invalid duration %q (use e.g. \"30s\", \"250ms\")", x)
-		}
-		*d = Duration(p)
-	default:
-		return fmt.Errorf("invalid duration %s (use e.g. \"30s\")", b)
-	}
-	return nil
-}
-
-// MarshalJSON writes the Go duration string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }

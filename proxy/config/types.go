@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -219,42 +218,8 @@ type Match struct {
 	Headers map[string]string `yaml:"headers" json:"headers,omitempty"`
 }
 
-// Duration is a time.Duration written as "1.5s", "200ms" or a number of seconds.
-type Duration time.Duration
-
-// D returns the time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
-
-// UnmarshalYAML accepts Go duration strings and plain numbers (seconds).
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: expected a duration like \"1s\" or \"250ms\"", n.Line)
-	}
-	v, err := parseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-func parseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
-	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		return time.Duration(f * float64(time.Second)), nil
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q (use e.g. \"1s\", \"250ms\")", s)
-	}
-	return v, nil
-}
-
-// MarshalYAML writes the Go duration string.
-func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
-
-// MarshalText writes the Go duration string (used by JSON).
-func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+// Duration is policy.Duration: a Go duration string ("1.5s", "200ms") or a number of seconds.
+type Duration = policy.Duration
 
 // ByteSize is a size written as a number of bytes or with a unit: "512KiB", "16MiB", "1GB".
 type ByteSize int64
