@@ -3,6 +3,7 @@
 //	sluice serve    run the gateway (--config FILE, or --upstream URL for a first try)
 //	sluice mock     run the simulated OpenAI-compatible model server
 //	sluice demo     an end-to-end run on embedded defaults
+//	sluice load     the token-level load injector
 //	sluice gpu      print what this host's NVML reports
 //	sluice version  print the version
 //
@@ -35,6 +36,7 @@ func commands() []command {
 		{"serve", "run the gateway", runServe},
 		{"mock", "run the simulated OpenAI-compatible model server", runMock},
 		{"demo", "end-to-end run: two simulators, the gateway and a streaming workload", runDemo},
+		{"load", "token-level load injector: workloads, pacing, token metrics, reports", runLoad},
 		{"gpu", "print what this host's NVML reports (and model-server load with --metrics)", runGPU},
 		{"version", "print the version", func(_ context.Context, args []string, stdout, _ io.Writer) error {
 			fs := flag.NewFlagSet("version", flag.ContinueOnError)

@@ -31,6 +31,8 @@ func TestCommands(t *testing.T) {
 		{"mock bad flags", []string{"mock", "--max-running", "-3"}, 1, "", "MaxRunning: must be >= 0"},
 		{"demo help", []string{"demo", "--help"}, 0, "", "--requests"},
 		{"gpu help", []string{"gpu", "--help"}, 0, "", "--json"},
+		{"load help", []string{"load", "--help"}, 0, "", "--target"},
+		{"load needs a target", []string{"load", "--synthetic", "in=fixed:10,out=fixed:4"}, 1, "", "target: required"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/sluicegw/sluice/test/load"
+)
+
+func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "merge" {
+		return runLoadMerge(args[1:], stdout, stderr)
+	}
+	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	target := fs.String("target", "", "base URL of the OpenAI-compatible endpoint (http://host:port; /v1/chat/completions is added)")
+	model := fs.String("model", "", "model name sent in each request (empty: the server's default)")
+	apiKey := fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "API key sent as a bearer token (default $OPENAI_API_KEY)")
+	endpoint := fs.String("endpoint", "chat", "chat (/v1/chat/completions) or completions (/v1/completions)")
+	trace := fs.String("trace", "", "trace file: Azure CSV, Mooncake JSONL or ShareGPT JSON (format detected)")
+	synthetic := fs.String("synthetic", "", "synthetic workload, e.g. in=lognormal:1000:0.5,out=fixed:128 (fixed:N, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA)")
+	sessions := fs.String("sessions", "", "multi-turn sessions, e.g. n=20,turns=4,in=fixed:200,out=fixed:64,think=gamma:2:500ms")
+	rate := fs.Float64("rate", 0, "open-loop rate in req/s (sessions: session starts/s); with --trace, re-paces the trace")
+	arrival := fs.String("arrival", "poisson", "arrival process at --rate: poisson, constant or gamma")
+	burst := fs.Float64("burstiness", 1, "gamma shape for --arrival gamma (vLLM semantics: 1 = Poisson, <1 burstier)")
+	rampTo := fs.Float64("ramp-to", 0, "ramp the rate linearly from --rate to this over --duration")
+	conc := fs.Int("concurrency", 0, "closed loop: keep this many requests (or sessions) in flight")
+	sweep := fs.Bool("sweep", false, "find the highest rate meeting --slo (doubling from --rate, then bisection); each step runs --duration/--requests")
+	sweepSteps := fs.Int("sweep-steps", 8, "runs in a sweep")
+	sweepAtt := fs.Float64("sweep-attainment", 0.9, "share of requests that must meet every SLO for a sweep step to pass")
+	duration := fs.Duration("duration", 0, "stop scheduling after this long (0: until the workload ends)")
+	requests := fs.Int("requests", 0, "send this many requests of the whole workload (0: all; synthetic default 100)")
+	timeScale := fs.Float64("time-scale", 1, "multiply trace timestamps by this (0.5 replays twice as fast)")
+	slo := fs.String("slo", "", "SLO limits for goodput and attainment, e.g. ttft=500ms,itl=50ms,tpot=40ms,e2e=10s")
+	jsonOut := fs.String("json", "", "write the JSON results (mergeable) to this file")
+	htmlOut := fs.String("html", "", "write the self-contained HTML report to this file")
+	shard := fs.String("shard", "", "run shard i/n of the workload (requests with index ≡ i mod n); merge the JSON files with 'sluice load merge'")
+	seed := fs.Uint64("seed", 1, "seed of the workload and the schedule (shards must share it)")
+	abort := fs.Float64("abort", 0, "chaos: share of streams the client aborts mid-way")
+	inflate := fs.String("inflate", "", "chaos: SHARE:K inflates a share of prompts K times (e.g. 0.01:10)")
+	perturb := fs.Float64("perturb", 0, "chaos: share of prompt tokens replaced by random ones")
+	timeout := fs.Duration("timeout", 5*time.Minute, "per-request timeout")
+	maxInflight := fs.Int("max-inflight", 10000, "open-loop bound on requests in flight (waiting for a slot shows as scheduling lag)")
+	noStream := fs.Bool("no-stream", false, "send non-streaming requests (TTFT = E2E)")
+	contUsage := fs.Bool("continuous-usage", false, "ask for usage on every chunk (vLLM stream_options.continuous_usage_stats) to count tokens per event exactly")
+	quiet := fs.Bool("quiet", false, "no live progress view")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: sluice load --target URL [--model M] [--trace FILE | --synthetic SPEC | --sessions SPEC]
+       [--rate R | --concurrency C | --sweep] [--duration D | --requests N] [--time-scale F]
+       [--slo ttft=500ms,itl=50ms] [--json OUT.json] [--html OUT.html] [--shard i/n] [--api-key K]
+       sluice load merge A.json B.json ... [--json OUT.json] [--html OUT.html]
+
+Sends a workload to an OpenAI-compatible endpoint and measures it token by token: TTFT (send to
+the first event with content), ITL per token (events with several tokens split evenly), TPOT,
+E2E, output tokens from usage (tokenizer fallback), goodput and SLO attainment, error classes,
+Sluice's x-sluice-upstream / x-sluice-attempts, scheduling lag, and for --sessions the context
+fidelity. Prompts are synthesised to exact cl100k token counts; output length is forced with
+max_tokens and ignore_eos. A trace replays at its own timestamps unless --rate re-paces it.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	cfg := load.Config{Target: *target, Model: *model, APIKey: *apiKey, Endpoint: *endpoint, Rate: *rate, Arrival: *arrival,
+		Burstiness: *burst, RampTo: *rampTo, Concurrency: *conc, Duration: *duration, Requests: *requests, TimeScale: *timeScale,
+		Seed: *seed, Abort: *abort, Perturb: *perturb, Timeout: *timeout, MaxInFlight: *maxInflight, NoStream: *noStream,
+		ContinuousUsage: *contUsage}
+	if *endpoint != "chat" && *endpoint != "completions" {
+		return fmt.Errorf("--endpoint %q: want chat or completions", *endpoint)
+	}
+	n := 0
+	for _, s := range []string{*trace, *synthetic, *sessions} {
+		if s != "" {
+			n++
+		}
+	}
+	if n != 1 {
+		return errors.New("give exactly one of --trace, --synthetic, --sessions")
+	}
+	var err error
+	switch {
+	case *trace != "":
+		cfg.Workload, err = load.LoadTrace(*trace)
+	case *synthetic != "":
+		var sp *load.SyntheticSpec
+		sp, err = load.ParseSynthetic(*synthetic)
+		cfg.Workload = &load.Workload{Synthetic: sp}
+	default:
+		var sp *load.SessionSpec
+		sp, err = load.ParseSessions(*sessions)
+		cfg.Workload = &load.Workload{Sessions: sp}
+	}
+	if err != nil {
+		return err
+	}
+	if *slo != "" {
+		if cfg.SLO, err = load.ParseSLO(*slo); err != nil {
+			return err
+		}
+	}
+	if *shard != "" {
+		i, nn, ok := strings.Cut(*shard, "/")
+		a, err1 := strconv.Atoi(i)
+		b, err2 := strconv.Atoi(nn)
+		if !ok || err1 != nil || err2 != nil || b < 1 || a < 0 || a >= b {
+			return fmt.Errorf("--shard %q: want i/n with 0 <= i < n", *shard)
+		}
+		cfg.Shard, cfg.Shards = a, b
+	}
+	if *inflate != "" {
+		s, k, ok := strings.Cut(*inflate, ":")
+		share, err1 := strconv.ParseFloat(s, 64)
+		kk, err2 := strconv.Atoi(k)
+		if !ok || err1 != nil || err2 != nil || kk < 1 || kk > 1000 {
+			return fmt.Errorf("--inflate %q: want SHARE:K, e.g. 0.01:10", *inflate)
+		}
+		cfg.Inflate, cfg.InflateK = share, kk
+	}
+	if !*quiet && isTTY(stdout) {
+		bar := progressbar.NewOptions64(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetWidth(20),
+			progressbar.OptionShowCount(), progressbar.OptionThrottle(200*time.Millisecond), progressbar.OptionClearOnFinish())
+		defer func() { _ = bar.Finish() }()
+		cfg.OnProgress = func(l load.Live) {
+			if l.Total > 0 && bar.GetMax64() != l.Total {
+				bar.ChangeMax64(l.Total)
+			}
+			rate := 0.0
+			if l.Elapsed > 0 {
+				rate = float64(l.Sent) / l.Elapsed.Seconds()
+			}
+			bar.Describe(fmt.Sprintf("%.1f req/s  in-flight %d  TTFT p50 %v p99 %v  errors %d", rate, l.InFlight,
+				l.TTFTp50.Round(time.Millisecond), l.TTFTp99.Round(time.Millisecond), l.Errs))
+			_ = bar.Set64(l.Done)
+		}
+	}
+	var rep *load.Report
+	if *sweep {
+		rep, err = load.Sweep(ctx, cfg, load.SweepConfig{Start: *rate, Steps: *sweepSteps, Attainment: *sweepAtt,
+			OnStep: func(s load.SweepStep) {
+				fmt.Fprintf(stdout, "sweep: rate %8.2f req/s  attainment %5.1f%%  goodput %7.2f  TTFT p99 %8.1f ms  pass %v\n",
+					s.Rate, s.Attainment*100, s.Goodput, s.TTFTp99, s.Pass)
+			}})
+	} else {
+		rep, err = load.Run(ctx, cfg)
+	}
+	if rep == nil {
+		return err
+	}
+	if werr := writeOutputs(rep, *jsonOut, *htmlOut); werr != nil {
+		return werr
+	}
+	load.PrintSummary(stdout, rep)
+	if errors.Is(err, context.Canceled) {
+		fmt.Fprintln(stderr, "sluice load: interrupted; the results cover what was measured")
+		return nil
+	}
+	return err
+}
+
+func runLoadMerge(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("load merge", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	jsonOut := fs.String("json", "", "write the merged JSON results here")
+	htmlOut := fs.String("html", "", "write the merged HTML report here")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: sluice load merge A.json B.json ... [--json OUT.json] [--html OUT.html]
+
+Merges the JSON results of shards (sluice load --shard i/n --json ...) exactly: counts and HDR
+histograms add, per-second buckets add, the span runs from the first send to the last answer.
+Prints the merged summary.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	// Flags may follow the file names.
+	var files []string
+	rest := args
+	for len(rest) > 0 {
+		if err := fs.Parse(rest); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		files = append(files, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(files) == 0 {
+		return errors.New("give the JSON files to merge")
+	}
+	var reps []*load.Report
+	for _, f := range files {
+		r, err := load.ReadReportFile(f)
+		if err != nil {
+			return err
+		}
+		reps = append(reps, r)
+	}
+	m, err := load.Merge(reps...)
+	if err != nil {
+		return err
+	}
+	if err := writeOutputs(m, *jsonOut, *htmlOut); err != nil {
+		return err
+	}
+	load.PrintSummary(stdout, m)
+	return nil
+}
+
+func writeOutputs(r *load.Report, jsonPath, htmlPath string) error {
+	write := func(path string, fn func(io.Writer) error) error {
+		if path == "" {
+			return nil
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := fn(f); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	if err := write(jsonPath, r.WriteJSON); err != nil {
+		return err
+	}
+	return write(htmlPath, r.WriteHTML)
+}
+
+func isTTY(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,325 @@
+package load
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Message is a chat message.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// call is one request ready to send.
+type call struct {
+	index     int
+	messages  []Message // chat
+	prompt    string    // completions
+	input     int
+	maxTokens int
+	session   string
+	turn      int
+	abortAt   int // abort after this many tokens (0: never)
+	markers   []string
+	keepText  bool
+}
+
+type chatBody struct {
+	Model         string         `json:"model,omitempty"`
+	Messages      []Message      `json:"messages,omitempty"`
+	Prompt        *string        `json:"prompt,omitempty"`
+	MaxTokens     int            `json:"max_tokens"`
+	IgnoreEOS     bool           `json:"ignore_eos"`
+	Stream        bool           `json:"stream"`
+	StreamOptions map[string]any `json:"stream_options,omitempty"`
+}
+
+type chunk struct {
+	Choices []struct {
+		Delta *struct {
+			Content          string `json:"content"`
+			ReasoningContent string `json:"reasoning_content"`
+		} `json:"delta"`
+		Message *struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+func (c *chunk) text() string {
+	var sb strings.Builder
+	for _, ch := range c.Choices {
+		if ch.Delta != nil {
+			sb.WriteString(ch.Delta.ReasoningContent)
+			sb.WriteString(ch.Delta.Content)
+		}
+		if ch.Message != nil {
+			sb.WriteString(ch.Message.Content)
+		}
+		sb.WriteString(ch.Text)
+	}
+	return sb.String()
+}
+
+func (c *chunk) finished() bool {
+	for _, ch := range c.Choices {
+		if ch.FinishReason != nil && *ch.FinishReason != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// do sends one request and measures it. scheduled is when the pacer wanted it sent.
+func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
+	res := &Result{Index: c.index, Session: c.session, Turn: c.turn, Scheduled: scheduled, Input: c.input}
+	res.Timeline = Timeline{FirstEvent: -1, TTFT: -1, TPOT: -1}
+	body := chatBody{Model: e.cfg.Model, MaxTokens: c.maxTokens, IgnoreEOS: !e.cfg.NoIgnoreEOS, Stream: !e.cfg.NoStream}
+	if e.cfg.Endpoint == "completions" {
+		p := c.prompt
+		body.Prompt = &p
+	} else {
+		body.Messages = c.messages
+	}
+	if body.Stream {
+		body.StreamOptions = map[string]any{"include_usage": true}
+		if e.cfg.ContinuousUsage {
+			body.StreamOptions["continuous_usage_stats"] = true
+		}
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		res.Class, res.Err = ErrConnect, err.Error()
+		return res
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, e.url, bytes.NewReader(b))
+	if err != nil {
+		res.Class, res.Err = ErrConnect, err.Error()
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if body.Stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	if e.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+e.cfg.APIKey)
+	}
+	if c.session != "" {
+		req.Header.Set("X-Session-ID", c.session)
+		req.Header.Set("X-Turn-Index", strconv.Itoa(c.turn))
+	}
+	res.Sent = time.Now()
+	defer func() { res.Done = time.Now() }()
+	resp, err := e.client.Do(req)
+	if err != nil {
+		res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
+		return res
+	}
+	defer resp.Body.Close()
+	res.Status = resp.StatusCode
+	res.Upstream = resp.Header.Get("X-Sluice-Upstream")
+	res.Attempts, _ = strconv.Atoi(resp.Header.Get("X-Sluice-Attempts"))
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		res.Err = errMessage(msg)
+		switch {
+		case resp.StatusCode == 429:
+			res.Class = ErrHTTP429
+		case resp.StatusCode >= 500:
+			res.Class = ErrHTTP5xx
+		default:
+			res.Class = ErrHTTP4xx
+		}
+		return res
+	}
+	var events []Event
+	var text strings.Builder
+	final := -1
+	completed := false
+	if !body.Stream {
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		at := time.Since(res.Sent)
+		if err != nil {
+			res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
+			return res
+		}
+		var ch chunk
+		if err := json.Unmarshal(raw, &ch); err != nil {
+			res.Class, res.Err = ErrStream, "bad JSON answer: "+err.Error()
+			return res
+		}
+		t := ch.text()
+		if ch.Usage != nil {
+			final = ch.Usage.CompletionTokens
+		}
+		events = append(events, Event{At: at, Content: t != "", Tokens: max(e.count(t), 1), Usage: -1})
+		text.WriteString(t)
+		completed = true
+	} else {
+		br := bufio.NewReaderSize(resp.Body, 32<<10)
+		isErrEvent := false
+		tokens := 0
+	read:
+		for {
+			line, err := readLine(br)
+			if err != nil {
+				if !errors.Is(err, io.EOF) && res.Class == ErrNone && !(res.Aborted) {
+					res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
+				}
+				break
+			}
+			if strings.HasPrefix(line, "event:") {
+				isErrEvent = strings.TrimSpace(line[6:]) == "error"
+				continue
+			}
+			if !strings.HasPrefix(line, "data:") {
+				continue
+			}
+			at := time.Since(res.Sent)
+			data := strings.TrimSpace(line[5:])
+			if data == "[DONE]" {
+				completed = true
+				break
+			}
+			var ch chunk
+			if err := json.Unmarshal([]byte(data), &ch); err != nil {
+				res.Class, res.Err = ErrStream, "bad SSE data: "+err.Error()
+				break
+			}
+			if isErrEvent || len(ch.Error) > 0 {
+				res.Class, res.Err = ErrStream, errMessage([]byte(data))
+				break
+			}
+			ev := Event{At: at, Usage: -1}
+			if ch.Usage != nil {
+				final = ch.Usage.CompletionTokens
+				ev.Usage = final
+			}
+			if t := ch.text(); t != "" {
+				ev.Content = true
+				ev.Tokens = max(e.count(t), 1)
+				if c.keepText {
+					text.WriteString(t)
+				}
+				if ev.Usage >= 0 {
+					tokens = ev.Usage
+				} else {
+					tokens += ev.Tokens
+				}
+			}
+			if ch.finished() {
+				completed = true // [DONE] may still follow with usage
+			}
+			events = append(events, ev)
+			if c.abortAt > 0 && tokens >= c.abortAt {
+				res.Aborted = true
+				cancel()
+				break read
+			}
+		}
+	}
+	if !res.Aborted && !completed && res.Class == ErrNone {
+		res.Class, res.Err = ErrTruncated, "stream ended without a finish_reason or [DONE]"
+	}
+	// A stream whose usage arrived only at the end: apportion it across events.
+	if e.cfg.ContinuousUsage {
+		final = -1
+	}
+	if res.Aborted {
+		final = -1
+	}
+	res.Timeline = Measure(events, final)
+	if res.Class == ErrNone && !res.Aborted && res.Tokens == 0 {
+		res.Class, res.Err = ErrEmpty, "answer had no tokens"
+	}
+	res.Text = text.String()
+	for _, m := range c.markers {
+		res.Expected++
+		if strings.Contains(res.Text, m) {
+			res.Found++
+		}
+	}
+	return res
+}
+
+func (e *engine) count(s string) int {
+	if n := CountTokens(s); n > 0 {
+		return n
+	}
+	return estimateTokens(s)
+}
+
+// readLine reads one line (any length up to 16 MiB) without its line ending.
+func readLine(br *bufio.Reader) (string, error) {
+	var buf []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			buf = append(buf, frag...)
+			if len(buf) > 16<<20 {
+				return "", errors.New("SSE line longer than 16 MiB")
+			}
+			continue
+		}
+		if err != nil {
+			if len(frag)+len(buf) > 0 && err == io.EOF {
+				buf = append(buf, frag...)
+				return strings.TrimRight(string(buf), "\r\n"), nil
+			}
+			return "", err
+		}
+		buf = append(buf, frag...)
+		return strings.TrimRight(string(buf), "\r\n"), nil
+	}
+}
+
+func classifyErr(run, req context.Context, err error) string {
+	var ne net.Error
+	switch {
+	case run.Err() != nil:
+		return ErrCanceled
+	case req.Err() != nil || (errors.As(err, &ne) && ne.Timeout()):
+		return ErrTimeout
+	}
+	return ErrConnect
+}
+
+// errMessage pulls error.message out of an OpenAI error body (else the body, shortened).
+func errMessage(b []byte) string {
+	var v struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(b, &v) == nil && len(v.Error) > 0 {
+		var o struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(v.Error, &o) == nil && o.Message != "" {
+			return o.Message
+		}
+		return string(v.Error)
+	}
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,75 @@
+package load
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"text/tabwriter"
+)
+
+// PrintSummary writes a plain-text summary of r.
+func PrintSummary(w io.Writer, r *Report) {
+	if r.Summary == nil {
+		r.Summarize()
+	}
+	s := r.Summary
+	fmt.Fprintf(w, "target %s  workload %s\nload   %s\n", r.Meta.Target, r.Meta.Workload, r.Meta.Load)
+	if len(r.Meta.Shards) > 0 {
+		fmt.Fprintf(w, "shards %v\n", r.Meta.Shards)
+	}
+	fmt.Fprintf(w, "requests %d  ok %d  failed %d  aborted %d  over %.2fs\n", r.Requests, r.OK, r.Failed, r.Aborted, s.DurationS)
+	fmt.Fprintf(w, "throughput %.2f req/s  %.1f output tok/s  %.1f input tok/s\n", s.ReqPerS, s.OutTokPerS, s.InTokPerS)
+	fmt.Fprintf(w, "output tokens %d (requests counted from usage %d, by tokenizer %d)\n", r.OutputTokens, r.TokensFromUsage, r.TokensEstimated)
+	if s.Attainment != nil {
+		fmt.Fprintf(w, "SLO %s: goodput %.2f req/s, attainment all %.1f%% (ttft %.1f%% tpot %.1f%% itl %.1f%% e2e %.1f%%)\n",
+			sloString(r.SLO), s.Goodput, 100*s.Attainment["all"], 100*s.Attainment["ttft"], 100*s.Attainment["tpot"],
+			100*s.Attainment["itl"], 100*s.Attainment["e2e"])
+	}
+	if r.Retried > 0 || len(r.Upstreams) > 0 {
+		fmt.Fprintf(w, "gateway: retried %d, recovered %d (recovery rate %.2f%% of ok), upstreams %v\n", r.Retried, r.Recovered, 100*s.RecoveryRate, r.Upstreams)
+	}
+	if r.MarkersExpected > 0 {
+		fmt.Fprintf(w, "context fidelity %.2f%% (%d of %d markers)\n", 100*s.ContextFidelity, r.MarkersFound, r.MarkersExpected)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ms\tcount\tmean\tp50\tp90\tp95\tp99\tp99.9\tmax\t")
+	for _, n := range histNames {
+		p, ok := s.Latency[n]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", n, p.Count, p.Mean, p.P50, p.P90, p.P95, p.P99, p.P999, p.Max)
+	}
+	_ = tw.Flush()
+	if len(r.Errors) > 0 {
+		fmt.Fprint(w, "errors:")
+		for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
+			fmt.Fprintf(w, " %s=%d", k, r.Errors[k])
+		}
+		fmt.Fprintln(w)
+		for _, e := range r.Samples {
+			fmt.Fprintf(w, "  %dx %s %d: %s\n", e.Count, e.Class, e.Status, e.Message)
+		}
+	}
+	if lag, ok := s.Latency[HLag]; ok {
+		fmt.Fprintf(w, "scheduling lag p50 %.3f ms p99 %.3f ms max %.3f ms\n", lag.P50, lag.P99, lag.Max)
+	}
+}
+
+func sloString(s SLO) string {
+	out := ""
+	add := func(k string, v interface{ String() string }, set bool) {
+		if set {
+			if out != "" {
+				out += ","
+			}
+			out += k + "=" + v.String()
+		}
+	}
+	add("ttft", s.TTFT, s.TTFT > 0)
+	add("tpot", s.TPOT, s.TPOT > 0)
+	add("itl", s.ITL, s.ITL > 0)
+	add("e2e", s.E2E, s.E2E > 0)
+	return out
+}
