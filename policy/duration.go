@@ -23,7 +23,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
 		return fmt.Errorf("line %d: expected a duration like \"1s\" or \"250ms\"", n.Line)
 	}
-	v, err := parseDuration(n.Value)
+	v, err := ParseDuration(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
@@ -42,7 +42,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 			return err
 		}
 	}
-	v, err := parseDuration(s)
+	v, err := ParseDuration(s)
 	if err != nil {
 		return err
 	}
@@ -56,7 +56,8 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 // MarshalYAML writes the Go duration string.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
 
-func parseDuration(s string) (time.Duration, error) {
+// ParseDuration parses "250ms", "1.5s" or a number of seconds.
+func ParseDuration(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
 		if math.IsNaN(f) || math.Abs(f) > math.MaxInt64/float64(time.Second) {

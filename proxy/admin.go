@@ -61,6 +61,7 @@ func (s *Server) adminHandler() http.Handler {
 	}))
 	s.policyRoutes(mux)
 	s.signalRoutes(mux)
+	s.chaosRoutes(mux)
 	mux.Handle("GET /debug/pprof/", s.authorized(pprof.Index))
 	mux.Handle("GET /debug/pprof/cmdline", s.authorized(pprof.Cmdline))
 	mux.Handle("GET /debug/pprof/profile", s.authorized(pprof.Profile))

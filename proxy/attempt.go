@@ -234,7 +234,18 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	} else {
 		res.tap.Start = sent
 	}
-	resp, err := cl.Transport().RoundTrip(out)
+	// Upstream chaos stands in for the model server: a delay, an abort answer, or faults in
+	// the body it sends.
+	at := ex.inj.Attempt(cand.Cluster)
+	var resp *http.Response
+	ab, err := at.Before(actx)
+	switch {
+	case err != nil:
+	case ab != nil:
+		resp = ab.Response(out)
+	default:
+		resp, err = cl.Transport().RoundTrip(out)
+	}
 	res.wait += time.Since(sent)
 	if err != nil {
 		res.class = transportClass(actx)
@@ -250,8 +261,11 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		return res
 	}
 	defer resp.Body.Close()
-
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && resp.StatusCode < 300 {
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if resp.StatusCode < 300 {
+		resp.Body = at.WrapUpstream(actx, resp.Body, sse)
+	}
+	if sse && resp.StatusCode < 300 {
 		h.relayStream(actx, cancel, ex, resp, wd, ep, &res)
 	} else {
 		h.relayBody(actx, ex, resp, wd, ep, &res)

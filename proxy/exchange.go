@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
@@ -34,7 +35,9 @@ type exchange struct {
 	streamed []byte      // the text relayed so far
 	body     []byte      // when set, sent instead of the request's body (a continuation)
 	carryTap *openai.Tap // the cut attempt's tap, continued by the resumed one
-	streamID []byte      // the first stream's chunk id (raw JSON), kept by the resumed one
+
+	inj      *fault.Injection // chaos faults of this request, nil when none
+	streamID []byte           // the first stream's chunk id (raw JSON), kept by the resumed one
 }
 
 func newExchange(w http.ResponseWriter, r *http.Request) *exchange {

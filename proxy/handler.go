@@ -3,15 +3,19 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/telemetry"
@@ -90,6 +94,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		plan = []policy.Candidate{{Cluster: adm.reroute}}
 	}
 
+	// 7a. chaos: the faults planned for this request (config, admin API, authorized header).
+	// Downstream faults wrap the client's writer; upstream faults ride on each attempt.
+	if h.srv.chaos.Enabled() {
+		inj, ferr := h.faults(r, st, rt, preq)
+		if ferr != nil {
+			h.finish(ctx, ex, st, rt, span, failure(ferr))
+			return
+		}
+		if inj != nil {
+			ex.inj = inj
+			defer func() { inj.Done(faultOutcome(ex.outcome, rt)) }()
+			ex.w = inj.WrapDownstream(ctx, ex.w)
+			ex.flusher, _ = ex.w.(http.Flusher)
+			ab, err := inj.Before(ctx)
+			switch {
+			case err != nil:
+				h.finish(ctx, ex, st, rt, span, failure(classError(causeClass(ctx), 0)))
+				return
+			case ab != nil:
+				h.finish(ctx, ex, st, rt, span, failure(ab.Err))
+				return
+			}
+		}
+	}
+
 	// 6–9. pick, send, relay, retry: failures before the first byte move to the next try.
 	res := h.forward(ctx, ex, st, rt, plan)
 
@@ -129,6 +158,36 @@ func (h *Handler) parse(r *http.Request, kind openai.Kind, st *state) (*openai.R
 		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
 	}
 	return req, nil
+}
+
+// faults plans the chaos faults of a request. The x-sluice-fault header is honoured only with
+// the admin token (x-sluice-admin-token) or from an allowed network: an outside client must
+// never fault someone else's traffic.
+func (h *Handler) faults(r *http.Request, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *openai.Error) {
+	var hs []fault.Spec
+	if v := r.Header.Get(fault.Header); v != "" {
+		token := os.Getenv(st.snap.Config.Admin.TokenEnv)
+		got := r.Header.Get(fault.HeaderToken)
+		okToken := token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+		if !okToken && !h.srv.chaos.AllowsNetwork(net.ParseIP(preq.Client)) {
+			return nil, openai.NewError(http.StatusForbidden, "permission_error", "fault_not_allowed",
+				fault.Header+" needs the admin token in "+fault.HeaderToken+" or a client from chaos.allowed_networks")
+		}
+		var err error
+		if hs, err = fault.ParseHeader(v); err != nil {
+			return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_fault", err.Error())
+		}
+	}
+	return h.srv.chaos.Plan(preq, rt.Name, hs), nil
+}
+
+// faultOutcome tells the chaos engine what became of a faulted request.
+func faultOutcome(o policy.Outcome, rt *config.CompiledRoute) fault.Outcome {
+	return fault.Outcome{
+		Status: o.Status, ErrorClass: o.ErrorClass, Cluster: o.Cluster, Attempts: o.Attempts,
+		ClientSawError: o.Status >= 400 || (o.ErrorClass != "" && o.ErrorClass != classClientCancel),
+		Fallback:       o.Attempts > 1 || (o.Cluster != "" && o.Cluster != rt.Cluster),
+	}
 }
 
 // admission is what the route's Admitters decided together.

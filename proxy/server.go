@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/telemetry"
@@ -35,6 +37,8 @@ type Options struct {
 	Version    string
 	// WatchInterval is how often ConfigPath is checked for changes (default 1s).
 	WatchInterval time.Duration
+	// Chaos turns fault injection on whatever the config says (`sluice serve --chaos`).
+	Chaos bool
 }
 
 // Server runs the gateway listener and the admin listener.
@@ -59,11 +63,16 @@ type Server struct {
 	reloadsFailed atomic.Int64
 	metricsReg    metric.Registration
 	signalsReg    metric.Registration
+	chaosReg      metric.Registration
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
 	// and this host's GPUs.
 	scraper *gpu.Scraper
 	devices *gpu.NVML
+
+	// chaos is the fault-injection engine (faults from the config, the admin API and the
+	// x-sluice-fault header); it lives across reloads.
+	chaos *fault.Engine
 }
 
 // state is one immutable generation of the running config: the compiled routes and the live
@@ -132,6 +141,14 @@ func New(opts Options) (*Server, error) {
 		s.devices, _ = gpu.NewNVML()
 		s.scraper.Devices = s.devices
 	}
+	if opts.Chaos {
+		opts.Config.Chaos.Enabled = true
+	}
+	chaos, err := fault.New(opts.Config.Chaos, policy.SystemClock{}, time.Now().UnixNano())
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	s.chaos = chaos
 	st, err := s.build(opts.Config, nil)
 	if err != nil {
 		return nil, err
@@ -143,6 +160,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.signalsReg, err = s.signalMetrics(s.tel.Meter()); err != nil {
 		return nil, fmt.Errorf("signal metrics: %w", err)
+	}
+	if s.chaosReg, err = s.chaosMetrics(s.tel.Meter()); err != nil {
+		return nil, fmt.Errorf("chaos metrics: %w", err)
 	}
 	return s, nil
 }
@@ -367,6 +387,9 @@ func (s *Server) reloadLocked() error {
 	if err != nil {
 		return err
 	}
+	if s.opts.Chaos {
+		c.Chaos.Enabled = true
+	}
 	old := s.state.Load()
 	if c.Version == old.snap.Config.Version {
 		return nil
@@ -378,6 +401,9 @@ func (s *Server) reloadLocked() error {
 	}
 	if c.Admin.Listen != oc.Admin.Listen {
 		p = append(p, fmt.Sprintf("admin.listen: changing %q to %q needs a restart", oc.Admin.Listen, c.Admin.Listen))
+	}
+	if c.Chaos.Enabled != oc.Chaos.Enabled {
+		p = append(p, "chaos.enabled: turning fault injection on or off needs a restart")
 	}
 	if c.LoadSignals != oc.LoadSignals {
 		p = append(p, "load_signals: changing it needs a restart")
@@ -393,6 +419,13 @@ func (s *Server) reloadLocked() error {
 		return err
 	}
 	s.state.Store(st)
+	if !reflect.DeepEqual(c.Chaos.Faults, oc.Chaos.Faults) {
+		// Validated with the config: this replaces the configured faults (and any set
+		// through the admin API) with the file's.
+		if err := s.chaos.Set(c.Chaos.Faults); err != nil {
+			s.log.Error("chaos faults not replaced", "err", err)
+		}
+	}
 	if s.certs != nil {
 		s.certs.set(c.TLS.CertFile, c.TLS.KeyFile)
 	}
@@ -468,6 +501,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	retire(st, &state{})
 	_ = s.metricsReg.Unregister()
 	_ = s.signalsReg.Unregister()
+	_ = s.chaosReg.Unregister()
 	_ = s.scraper.Close()
 	if s.devices != nil {
 		_ = s.devices.Close()

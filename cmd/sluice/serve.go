@@ -27,6 +27,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		listen    = fs.String("listen", config.DefaultListen, "gateway listen address (with --upstream)")
 		admin     = fs.String("admin", config.DefaultAdminListen, "admin listen address: /healthz, /readyz, /metrics, /admin/* (with --upstream)")
 		logLevel  = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		chaos     = fs.Bool("chaos", false, "turn built-in fault injection on (faults from the config, PUT /admin/faults, or the x-sluice-fault header with the admin token)")
 	)
 	fs.Var(&upstreams, "upstream", "model server base URL, e.g. http://127.0.0.1:8000 (repeat for several endpoints of one cluster)")
 	fs.Usage = func() {
@@ -74,7 +75,7 @@ Flags:
 		return fmt.Errorf("telemetry: %w", err)
 	}
 	defer func() { _ = tel.Shutdown(context.Background()) }()
-	srv, err := proxy.New(proxy.Options{Config: cfg, ConfigPath: *file, Logger: log, Telemetry: tel, Version: version})
+	srv, err := proxy.New(proxy.Options{Config: cfg, ConfigPath: *file, Logger: log, Telemetry: tel, Version: version, Chaos: *chaos})
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sluicegw/sluice/gpu"
+	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
@@ -271,6 +272,16 @@ func (c *Config) Validate() error {
 		add("drain_timeout: must not be negative")
 	}
 	checkTimeouts(add, "timeouts", c.Timeouts)
+	if err := c.Chaos.Validate(); err != nil {
+		var fp fault.Problems
+		if errors.As(err, &fp) {
+			for _, prob := range fp {
+				add("chaos.%s", prob)
+			}
+		} else {
+			add("chaos: %v", err)
+		}
+	}
 	if _, ok := gpu.Preset(c.LoadSignals.Names); !ok {
 		add("load_signals.names: %q is not vllm, tgi, triton or sglang", c.LoadSignals.Names)
 	}

@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 )
 
@@ -36,6 +37,8 @@ type Config struct {
 	Admin Admin `yaml:"admin" json:"admin"`
 	// LoadSignals: model-server metrics and local GPUs as load signals.
 	LoadSignals LoadSignals `yaml:"load_signals" json:"load_signals"`
+	// Chaos is built-in fault injection (off unless enabled; `sluice serve --chaos`).
+	Chaos fault.Config `yaml:"chaos" json:"chaos"`
 	// Tenants are identified by their API keys (Authorization: Bearer KEY).
 	Tenants []Tenant `yaml:"tenants" json:"tenants,omitempty"`
 	// Clusters are the upstream model-server pools.

@@ -1,0 +1,312 @@
+package fault
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// Injection is the faults planned for one request. Its methods are nil-safe: on a nil
+// Injection (no fault applies) they do nothing and return their input.
+type Injection struct {
+	e                *Engine
+	gen              uint64
+	seed             uint64
+	streams          atomic.Uint64 // streams wrapped so far (each gets its own generator)
+	requestID, route string
+	model            string
+	at               time.Time
+	faults           []*active
+	done             atomic.Bool
+}
+
+// active is one fault within one injection.
+type active struct {
+	f        *fault
+	fired    atomic.Bool
+	attempts atomic.Int32 // upstream attempts it hit
+}
+
+func (e *Engine) newInjection(r *policy.Request, route, model string) *Injection {
+	in := &Injection{e: e, gen: e.gen.Load(), seed: e.next(), route: route, model: model, at: e.clock.Now()}
+	if r != nil {
+		in.requestID = r.ID
+	}
+	return in
+}
+
+func (in *Injection) add(f *fault) { in.faults = append(in.faults, &active{f: f}) }
+
+// live reports whether the kill switch has not been pulled since the injection was planned.
+func (in *Injection) live() bool { return in.e.gen.Load() == in.gen }
+
+// fire marks a fault as having taken effect.
+func (in *Injection) fire(a *active) {
+	if a.fired.CompareAndSwap(false, true) {
+		a.f.fired.Add(1)
+	}
+}
+
+func (in *Injection) rng(stream uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(in.seed, stream))
+}
+
+// Kinds lists the kinds of the planned faults (for logs and metrics).
+func (in *Injection) Kinds() []string {
+	if in == nil {
+		return nil
+	}
+	out := make([]string, 0, len(in.faults))
+	for _, a := range in.faults {
+		out = append(out, string(a.f.kind))
+	}
+	return out
+}
+
+// Abort is an injected error answer.
+type Abort struct {
+	// Side tells how to treat it: Upstream is the model server's answer (the gateway's
+	// retries, fallback and breakers react to it: use Response in place of the round trip);
+	// Downstream goes straight to the client (openai.WriteError).
+	Side    Side
+	FaultID string
+	Err     *openai.Error // status, OpenAI error body, Retry-After
+}
+
+// Response returns the abort as the model server's HTTP answer to req: the status,
+// Content-Type application/json, Retry-After when set, and the OpenAI error body.
+func (a *Abort) Response(req *http.Request) *http.Response {
+	body := a.Err.Body()
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Sluice-Fault", a.FaultID)
+	if a.Err.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64((a.Err.RetryAfter+time.Second-1)/time.Second), 10))
+	}
+	return &http.Response{
+		Status:        strconv.Itoa(a.Err.Status) + " " + http.StatusText(a.Err.Status),
+		StatusCode:    a.Err.Status,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          io.NopCloser(bytes.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Request:       req,
+	}
+}
+
+func newAbort(f *fault, side Side) *Abort {
+	status := f.spec.Status
+	if status == 0 {
+		status = DefaultAbortStatus
+	}
+	typ := "server_error"
+	switch {
+	case status == http.StatusTooManyRequests:
+		typ = "rate_limit_error"
+	case status < 500:
+		typ = "invalid_request_error"
+	}
+	msg := f.spec.Message
+	if msg == "" {
+		msg = "injected fault: abort " + strconv.Itoa(status)
+	}
+	e := openai.NewError(status, typ, "fault_injected", msg)
+	e.RetryAfter = f.spec.RetryAfter.D()
+	return &Abort{Side: side, FaultID: f.id, Err: e}
+}
+
+// Before runs the downstream request faults, once per request before it is forwarded: it
+// sleeps the delays (returning ctx's cause if ctx ends first) and returns the first abort
+// (Side Downstream: answer the client with openai.WriteError(w, abort.Err)), or nil.
+func (in *Injection) Before(ctx context.Context) (*Abort, error) {
+	if in == nil {
+		return nil, nil
+	}
+	return in.before(ctx, in.faults, Downstream, 0)
+}
+
+func (in *Injection) before(ctx context.Context, faults []*active, side Side, stream uint64) (*Abort, error) {
+	if !in.live() {
+		return nil, nil
+	}
+	var ab *Abort
+	var rng *rand.Rand
+	for _, a := range faults {
+		if a.f.side != side {
+			continue
+		}
+		switch a.f.kind {
+		case KindDelay:
+			if rng == nil {
+				rng = in.rng(stream)
+			}
+			in.fire(a)
+			if err := in.e.sleep(ctx, wait(rng, a.f.spec.For.D(), 0, a.f.spec.Shape, a.f.spec.Scale.D())); err != nil {
+				return nil, err
+			}
+		case KindAbort:
+			if ab == nil {
+				in.fire(a)
+				ab = newAbort(a.f, side)
+			}
+		}
+	}
+	return ab, nil
+}
+
+// Attempt is the upstream faults of one upstream attempt. Its methods are nil-safe.
+type Attempt struct {
+	in     *Injection
+	faults []*active
+	stream uint64
+}
+
+// Attempt returns the upstream faults that apply to the next attempt on cluster (nil when
+// none): those whose cluster glob matches and that have hit fewer attempts than their
+// attempts (default 1). Call it once per upstream attempt, in order.
+func (in *Injection) Attempt(cluster string) *Attempt {
+	if in == nil || !in.live() {
+		return nil
+	}
+	var at *Attempt
+	for _, a := range in.faults {
+		if a.f.side != Upstream || !glob(a.f.spec.Cluster, cluster) {
+			continue
+		}
+		limit := int32(max(a.f.spec.Attempts, 1))
+		if a.attempts.Add(1) > limit {
+			continue
+		}
+		if at == nil {
+			at = &Attempt{in: in, stream: in.streams.Add(1)}
+		}
+		at.faults = append(at.faults, a)
+	}
+	return at
+}
+
+// Before runs the attempt's request faults before the round trip: it sleeps the delays and
+// returns the first abort (Side Upstream: use abort.Response(req) as the model server's
+// answer), or nil.
+func (a *Attempt) Before(ctx context.Context) (*Abort, error) {
+	if a == nil {
+		return nil, nil
+	}
+	return a.in.before(ctx, a.faults, Upstream, a.stream)
+}
+
+// wait draws a wait: fixed + uniform [0, jitter) + Gamma(shape, scale), at most maxWait.
+func wait(rng *rand.Rand, fixed, jitter time.Duration, shape float64, scale time.Duration) time.Duration {
+	d := float64(fixed)
+	if jitter > 0 {
+		d += rng.Float64() * float64(jitter)
+	}
+	if shape > 0 && scale > 0 {
+		d += gamma(rng, shape) * float64(scale)
+	}
+	return time.Duration(min(d, float64(maxWait)))
+}
+
+// maxWait bounds one drawn wait (a Gamma tail is long).
+const maxWait = 10 * time.Minute
+
+// gamma draws from Gamma(shape, 1) (Marsaglia and Tsang).
+func gamma(rng *rand.Rand, shape float64) float64 {
+	if shape < 1 {
+		u := rng.Float64()
+		return gamma(rng, shape+1) * math.Pow(u, 1/shape)
+	}
+	d := shape - 1.0/3
+	c := 1 / math.Sqrt(9*d)
+	for {
+		x := rng.NormFloat64()
+		v := 1 + c*x
+		if v <= 0 {
+			continue
+		}
+		v = v * v * v
+		u := rng.Float64()
+		if u < 1-0.0331*x*x*x*x || math.Log(u) < 0.5*x*x+d*(1-v+math.Log(v)) {
+			return d * v
+		}
+	}
+}
+
+// Outcome is what the gateway reports of a faulted request.
+type Outcome struct {
+	Status         int    // the status the client got (499 when it went away)
+	ErrorClass     string // "" on success
+	Cluster        string // the cluster that served (or failed last)
+	Attempts       int    // upstream attempts
+	ClientSawError bool   // an error reached the client (an error status or an in-band error)
+	Fallback       bool   // a fallback candidate served
+	BreakerOpened  bool   // a breaker opened because of this request
+}
+
+// Verdicts of a fault in the log and the report.
+const (
+	VerdictSurvived     = "survived"      // upstream fault; the client got a complete 2xx answer, unaware
+	VerdictClientError  = "client_error"  // upstream fault; the client saw an error
+	VerdictClientGone   = "client_gone"   // the client went away
+	VerdictToClient     = "to_client"     // downstream fault: delivered to the client as meant
+	VerdictNotTriggered = "not_triggered" // planned, but it never acted (e.g. the stream ended first)
+)
+
+func verdict(a *active, o Outcome) string {
+	switch {
+	case !a.fired.Load():
+		return VerdictNotTriggered
+	case a.f.side == Downstream:
+		return VerdictToClient
+	case o.Status == 499:
+		return VerdictClientGone
+	case o.Status >= 200 && o.Status < 300 && !o.ClientSawError:
+		return VerdictSurvived
+	}
+	return VerdictClientError
+}
+
+// Done reports how the request ended: every planned fault is logged with its verdict and
+// counted, and releases its max_active slot. Only the first call counts.
+func (in *Injection) Done(o Outcome) {
+	if in == nil || !in.done.CompareAndSwap(false, true) {
+		return
+	}
+	e := in.e
+	now := e.clock.Now()
+	for _, a := range in.faults {
+		a.f.active.Add(-1)
+		v := verdict(a, o)
+		id := a.f.id
+		if a.f.header {
+			id = "header"
+		}
+		e.log.add(Record{Time: now, RequestID: in.requestID, Route: in.route, Model: in.model,
+			FaultID: id, Kind: a.f.kind, Side: a.f.side, Verdict: v, Status: o.Status,
+			ErrorClass: o.ErrorClass, Cluster: o.Cluster, Attempts: o.Attempts,
+			Fallback: o.Fallback, BreakerOpened: o.BreakerOpened})
+		if v != VerdictNotTriggered {
+			k := &e.stats[a.f.kind.index()][a.f.side.index()]
+			k.injected.Add(1)
+			switch v {
+			case VerdictSurvived:
+				k.survived.Add(1)
+			case VerdictClientError:
+				k.clientErrors.Add(1)
+			}
+		}
+		e.rep.add(id, a.f.kind, a.f.side, v, o)
+	}
+}
