@@ -94,29 +94,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		plan = []policy.Candidate{{Cluster: adm.reroute}}
 	}
 
-	// 7a. chaos: the faults planned for this request (config, admin API, authorized header).
-	// Downstream faults wrap the client's writer; upstream faults ride on each attempt.
-	if h.srv.chaos.Enabled() {
-		inj, ferr := h.faults(r, st, rt, preq)
-		if ferr != nil {
-			h.finish(ctx, ex, st, rt, span, failure(ferr))
-			return
-		}
-		if inj != nil {
-			ex.inj = inj
-			defer func() { inj.Done(faultOutcome(ex.outcome, rt)) }()
-			ex.w = inj.WrapDownstream(ctx, ex.w)
-			ex.flusher, _ = ex.w.(http.Flusher)
-			ab, err := inj.Before(ctx)
-			switch {
-			case err != nil:
-				h.finish(ctx, ex, st, rt, span, failure(classError(causeClass(ctx), 0)))
-				return
-			case ab != nil:
-				h.finish(ctx, ex, st, rt, span, failure(ab.Err))
-				return
-			}
-		}
+	// 7. chaos (when enabled): downstream faults wrap the client's writer, upstream faults
+	// ride on the attempts (send is wrapped by fault).
+	inj, rej := h.injectFaults(ctx, r, ex, st, rt, preq)
+	if inj != nil {
+		defer func() { inj.Done(faultOutcome(ex.outcome, rt)) }()
+	}
+	if rej != nil {
+		h.finish(ctx, ex, st, rt, span, failure(rej))
+		return
 	}
 
 	// 6–9. pick, send, relay, retry: failures before the first byte move to the next try.
@@ -158,6 +144,30 @@ func (h *Handler) parse(r *http.Request, kind openai.Kind, st *state) (*openai.R
 		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
 	}
 	return req, nil
+}
+
+// injectFaults plans the request's chaos faults, wraps the client's writer with the downstream
+// ones and applies a downstream delay or abort. It returns the injection (nil when none) and
+// the answer that ends the request early, if any.
+func (h *Handler) injectFaults(ctx context.Context, r *http.Request, ex *exchange, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *openai.Error) {
+	if !h.srv.chaos.Enabled() {
+		return nil, nil
+	}
+	inj, rej := h.faults(r, st, rt, preq)
+	if inj == nil || rej != nil {
+		return nil, rej
+	}
+	ex.inj = inj
+	ex.w = inj.WrapDownstream(ctx, ex.w)
+	ex.flusher, _ = ex.w.(http.Flusher)
+	ab, err := inj.Before(ctx)
+	switch {
+	case err != nil:
+		return inj, classError(causeClass(ctx), 0)
+	case ab != nil:
+		return inj, ab.Err
+	}
+	return inj, nil
 }
 
 // faults plans the chaos faults of a request. The x-sluice-fault header is honoured only with
