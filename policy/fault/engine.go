@@ -21,6 +21,7 @@ type Engine struct {
 
 	set   atomic.Pointer[faultSet]
 	gen   atomic.Uint64 // bumped by Clear: injections of an older generation stop acting
+	kill  atomic.Pointer[killSwitch]
 	rng   atomic.Uint64 // SplitMix64 state
 	ids   atomic.Uint64 // for ids of faults set without one
 	mu    sync.Mutex    // serializes Set, Add and Clear
@@ -29,6 +30,17 @@ type Engine struct {
 	log   ring
 	stats [numKinds][2]kindCounters
 	rep   report
+}
+
+// killSwitch ends the waits of one generation's injections when Clear is called.
+type killSwitch struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newKillSwitch() *killSwitch {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &killSwitch{ctx: ctx, cancel: cancel}
 }
 
 const numKinds = 10 // len(Kinds), checked by a test
@@ -79,6 +91,7 @@ func New(cfg Config, clock policy.Clock, seed int64) (*Engine, error) {
 	}
 	e := &Engine{enabled: cfg.Enabled, clock: clock, nets: Config{AllowedNetworks: cfg.AllowedNetworks}, sleep: sleepCtx}
 	e.rng.Store(uint64(seed))
+	e.kill.Store(newKillSwitch())
 	e.log.init(size)
 	if err := e.Set(cfg.Faults); err != nil {
 		return nil, err
@@ -147,12 +160,15 @@ func (e *Engine) Remove(id string) bool {
 }
 
 // Clear removes every fault (the kill switch, DELETE /admin/faults): no new request gets a
-// fault, and requests in flight stop being faulted at their next event.
+// fault, and requests in flight stop being faulted at their next event; a wait in progress
+// (delay, ttft, stall, drip) ends at once.
 func (e *Engine) Clear() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.set.Store(&faultSet{})
 	e.gen.Add(1)
+	old := e.kill.Swap(newKillSwitch())
+	old.cancel()
 }
 
 // compile builds a fault from a valid spec.

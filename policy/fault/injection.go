@@ -20,6 +20,7 @@ import (
 type Injection struct {
 	e                *Engine
 	gen              uint64
+	kill             context.Context // done when Clear is called after the injection was planned
 	seed             uint64
 	streams          atomic.Uint64 // streams wrapped so far (each gets its own generator)
 	requestID, route string
@@ -37,7 +38,10 @@ type active struct {
 }
 
 func (e *Engine) newInjection(r *policy.Request, route, model string) *Injection {
+	// gen before kill: a Clear in between leaves the injection dead, never live with its
+	// waits already ended.
 	in := &Injection{e: e, gen: e.gen.Load(), seed: e.next(), route: route, model: model, at: e.clock.Now()}
+	in.kill = e.kill.Load().ctx
 	if r != nil {
 		in.requestID = r.ID
 	}
@@ -48,6 +52,23 @@ func (in *Injection) add(f *fault) { in.faults = append(in.faults, &active{f: f}
 
 // live reports whether the kill switch has not been pulled since the injection was planned.
 func (in *Injection) live() bool { return in.e.gen.Load() == in.gen }
+
+// sleep waits d for a fault: until ctx ends (then it returns ctx's cause) or the kill switch
+// is pulled (then it returns nil: the request goes on unfaulted).
+func (in *Injection) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 || !in.live() {
+		return nil
+	}
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(in.kill, cancel)
+	defer stop()
+	err := in.e.sleep(kctx, d)
+	if err != nil && ctx.Err() == nil {
+		return nil // ended by the kill switch
+	}
+	return err
+}
 
 // fire marks a fault as having taken effect.
 func (in *Injection) fire(a *active) {
@@ -153,7 +174,7 @@ func (in *Injection) before(ctx context.Context, faults []*active, side Side, st
 				rng = in.rng(stream)
 			}
 			in.fire(a)
-			if err := in.e.sleep(ctx, wait(rng, a.f.spec.For.D(), 0, a.f.spec.Shape, a.f.spec.Scale.D())); err != nil {
+			if err := in.sleep(ctx, wait(rng, a.f.spec.For.D(), 0, a.f.spec.Shape, a.f.spec.Scale.D())); err != nil {
 				return nil, err
 			}
 		case KindAbort:

@@ -308,7 +308,7 @@ func (r *upReader) Read(p []byte) (int, error) {
 		}
 		out, w, cut := r.s.step(ev, r.out)
 		if w > 0 {
-			if err := r.s.in.e.sleep(r.ctx, w); err != nil {
+			if err := r.s.in.sleep(r.ctx, w); err != nil {
 				r.err = err
 				continue
 			}
@@ -448,7 +448,7 @@ func (d *downWriter) Write(p []byte) (int, error) {
 				return false
 			}
 			out = append(out[:0], out[start:]...)
-			if err = d.s.in.e.sleep(d.ctx, w); err != nil {
+			if err = d.s.in.sleep(d.ctx, w); err != nil {
 				return false
 			}
 		}

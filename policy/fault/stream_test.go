@@ -467,6 +467,56 @@ func TestRealWaitsAndCancellation(t *testing.T) {
 	}
 }
 
+// TestClearEndsWaitsInFlight: the kill switch ends a wait in progress at once, on both sides
+// and before forwarding; the request then goes on unfaulted.
+func TestClearEndsWaitsInFlight(t *testing.T) {
+	chat := readFile(t, "chat.sse")
+	e, err := New(Config{Enabled: true, Faults: specs(t, "stall(after=2,for=1h); stall(after=2,for=1h,side=downstream); delay(for=1h,side=downstream)")}, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := e.Plan(request("r", "m"), "chat", nil)
+	defer in.Done(Outcome{Status: 200})
+	pull := func() { time.AfterFunc(20*time.Millisecond, e.Clear) }
+
+	pull()
+	start := time.Now()
+	if ab, err := in.Before(context.Background()); ab != nil || err != nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("delay: abort %v, err %v after %v", ab, err, time.Since(start))
+	}
+
+	// Planned again after the Clear above (which also cleared the faults).
+	if err := e.Set(specs(t, "stall(after=2,for=1h); stall(after=2,for=1h,side=downstream)")); err != nil {
+		t.Fatal(err)
+	}
+	in2 := e.Plan(request("r2", "m"), "chat", nil)
+	defer in2.Done(Outcome{Status: 200})
+	rc := in2.Attempt("c").WrapUpstream(context.Background(), io.NopCloser(strings.NewReader(chat)), true)
+	pull()
+	start = time.Now()
+	b, err := io.ReadAll(rc)
+	if err != nil || string(b) != chat || time.Since(start) > 5*time.Second {
+		t.Fatalf("upstream: err %v after %v, %d of %d bytes", err, time.Since(start), len(b), len(chat))
+	}
+
+	if err := e.Set(specs(t, "stall(after=1,for=1h,side=downstream)")); err != nil {
+		t.Fatal(err)
+	}
+	in3 := e.Plan(request("r3", "m"), "chat", nil)
+	defer in3.Done(Outcome{Status: 200})
+	rec := httptest.NewRecorder()
+	w := in3.WrapDownstream(context.Background(), rec)
+	w.Header().Set("Content-Type", "text/event-stream")
+	pull()
+	start = time.Now()
+	if _, err := w.Write([]byte("data: 1\n\ndata: 2\n\n")); err != nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("downstream: err %v after %v", err, time.Since(start))
+	}
+	if rec.Body.String() != "data: 1\n\ndata: 2\n\n" {
+		t.Errorf("client got %q", rec.Body)
+	}
+}
+
 func TestGammaDelay(t *testing.T) {
 	e, _, _ := newEngine(t)
 	rng := e.newInjection(nil, "", "").rng(0)
