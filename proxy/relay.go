@@ -44,6 +44,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	}
 	t1 := time.Now()
 	res.wait += t1.Sub(t0)
+	if err == nil && !wellFormed(ev) {
+		err = errMalformedEvent
+	}
 	if err != nil {
 		h.failBeforeFirstByte(ctx, err, ep, res)
 		return
@@ -97,6 +100,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		ev, err = rd.Next()
 		t1 = time.Now()
 		res.wait += t1.Sub(t0)
+		if err == nil && !wellFormed(ev) {
+			err = errMalformedEvent // never relay a chunk the client cannot decode
+		}
 		if err != nil {
 			break
 		}
@@ -130,9 +136,25 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			ep.Report(false)
 		}
 		e = classError(class, 0)
+		if class == classStreamCut && errors.Is(err, errMalformedEvent) {
+			e = malformedError()
+		}
 	}
 	// The forward loop either resumes the stream elsewhere or sends this in-band.
 	res.inband = e
+}
+
+// errMalformedEvent: the model server sent a data event that is not JSON (nor [DONE]).
+var errMalformedEvent = errors.New("the model server sent a malformed stream chunk")
+
+// wellFormed reports whether an event can be relayed: no data, [DONE], or valid JSON.
+func wellFormed(ev openai.Event) bool {
+	return ev.Data == nil || ev.IsDone() || json.Valid(ev.Data)
+}
+
+func malformedError() *openai.Error {
+	return openai.NewError(http.StatusBadGateway, "server_error", "upstream_malformed",
+		"the model server sent a malformed stream chunk (not valid JSON); the stream was ended")
 }
 
 // chunkID is the raw JSON "id" of a stream chunk (nil when it has none).
@@ -236,6 +258,11 @@ func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstre
 		res.err = eventTooLarge(err)
 		res.status = res.err.Status
 		res.retryable = true
+		return
+	case errors.Is(err, errMalformedEvent):
+		ep.Report(false)
+		res.class, res.err = classStreamCut, malformedError()
+		res.status, res.retryable = res.err.Status, true
 		return
 	case errors.Is(err, io.EOF):
 		res.class = classEmptyResponse

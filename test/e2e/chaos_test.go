@@ -709,19 +709,18 @@ func TestChaosUpstream(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || err != nil {
 			t.Fatalf("status %d, read error %v", resp.StatusCode, err)
 		}
-		// The gateway relays the bytes as the model server sent them: the client gets the
-		// malformed chunk in place, and the stream goes on to its end.
-		if len(evs) != 12 || isJSON(evs[2].data) || evs[11].data != "[DONE]" {
+		// The gateway never relays a chunk the client cannot decode: the two good events,
+		// then an in-band error naming the malformed chunk, and no [DONE].
+		if len(evs) != 3 || evs[2].name != "error" || !strings.Contains(evs[2].data, `"code":"upstream_malformed"`) {
 			t.Errorf("%d events, event 3 %q:\n%s", len(evs), evs[min(2, len(evs)-1)].data, rawOf(evs))
 		}
 		for i, ev := range evs {
-			if i != 2 && ev.data != "[DONE]" && !isJSON(ev.data) {
+			if !isJSON(ev.data) {
 				t.Errorf("event %d is not JSON: %s", i+1, ev.data)
 			}
 		}
 		rec := logFor(t, hc, g, resp.Header.Get("X-Request-Id"))
-		// The gateway cannot tell: to it the answer was whole, so the verdict is survived.
-		if rec.Kind != "malformed" || rec.Verdict != "survived" {
+		if rec.Kind != "malformed" || rec.Verdict != "client_error" || rec.ErrorClass != "stream_cut" {
 			t.Errorf("log record %+v", rec)
 		}
 		// openai-go sees a clear decoding error, no hang.
