@@ -11,17 +11,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sort"
 	"sync"
 	"text/tabwriter"
 	"text/template"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
-
 	"github.com/sluicegw/sluice/proxy"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/test/load"
 	"github.com/sluicegw/sluice/test/sim"
 )
 
@@ -31,16 +28,20 @@ var demoConfig string
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	requests := fs.Int("requests", 64, "streaming requests to send through the gateway")
-	concurrency := fs.Int("concurrency", 8, "requests in flight at once")
+	requests := fs.Int("requests", 64, "streaming requests to send through the gateway (sessions × turns, rounded up)")
+	turns := fs.Int("turns", 4, "turns per multi-turn session")
+	concurrency := fs.Int("concurrency", 8, "sessions in flight at once (split between the routes)")
 	maxTokens := fs.Int("max-tokens", 48, "max_tokens of each request")
+	slo := fs.String("slo", "ttft=250ms,itl=50ms", "SLO for goodput and attainment (sluice load's --slo syntax)")
 	verbose := fs.Bool("v", false, "show the gateway's logs")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: sluice demo [--requests N] [--concurrency C] [--max-tokens T] [-v]
+		fmt.Fprint(fs.Output(), `usage: sluice demo [--requests N] [--turns T] [--concurrency C] [--max-tokens T] [--slo S] [-v]
 
 Starts two simulated model servers and the gateway in this process on free loopback ports,
-sends a streaming chat workload through the gateway with the official openai-go client, and
-prints per-route results: requests, errors, tokens, TTFT and inter-token latency percentiles.
+sends a streaming multi-turn chat workload through the gateway with the load injector (the
+one behind 'sluice load'), and prints per-route results (requests, errors, tokens, TTFT and
+inter-token latency percentiles), then goodput, SLO attainment, context fidelity across
+turns and the injector's scheduling lag.
 
 Flags:
 `)
@@ -49,8 +50,12 @@ Flags:
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *requests < 1 || *concurrency < 1 || *maxTokens < 1 {
-		return errors.New("--requests, --concurrency and --max-tokens must be at least 1")
+	if *requests < 1 || *turns < 1 || *concurrency < 1 || *maxTokens < 1 {
+		return errors.New("--requests, --turns, --concurrency and --max-tokens must be at least 1")
+	}
+	sloLimits, err := load.ParseSLO(*slo)
+	if err != nil {
+		return err
 	}
 
 	// Two model servers: a larger model that slows down as its batch grows, and a small fast one.
@@ -98,131 +103,107 @@ Flags:
 
 	fmt.Fprintf(stdout, "sluice demo: gateway on http://%s (admin http://%s)\n", srv.Addr(), srv.AdminAddr())
 	fmt.Fprintf(stdout, "  simulators: llama-3-8b-sim on %s, qwen-small-sim on %s\n", primary.addr, small.addr)
-	fmt.Fprintf(stdout, "  workload: %d streaming chat requests, %d at a time, max_tokens %d, official openai-go client\n\n",
-		*requests, *concurrency, *maxTokens)
 
-	client := openai.NewClient(option.WithBaseURL("http://"+srv.Addr()+"/v1/"), option.WithAPIKey("sk-demo"), option.WithMaxRetries(0))
-	models := []struct{ route, model string }{{"chat-llama", "llama-3-8b-sim"}, {"chat-small", "small"}}
-	results := make([]demoResult, *requests)
-	start := time.Now()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, *concurrency)
-	for i := range *requests {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return ctx.Err()
+	// The workload is the load injector's (test/load): multi-turn sessions, each turn carrying
+	// the whole history and a [[mem:...]] marker that later answers must repeat (the
+	// simulators echo every marker they see, so any loss is the gateway's doing). One run per
+	// route, side by side, so each route reports on its own.
+	nTurns := min(*turns, *requests)
+	sessions := (*requests + nTurns - 1) / nTurns
+	routes := []demoRoute{{route: "chat-llama", model: "llama-3-8b-sim"}, {route: "chat-small", model: "small"}}
+	if sessions < len(routes) {
+		routes = routes[:sessions]
+	}
+	for i := range routes {
+		routes[i].sessions = sessions / len(routes)
+		if i < sessions%len(routes) {
+			routes[i].sessions++
 		}
+	}
+	fmt.Fprintf(stdout, "  workload: %d multi-turn sessions × %d turns (%d streaming chat requests), %d sessions at a time, max_tokens %d, SLO %s, sluice load injector\n\n",
+		sessions, nTurns, sessions*nTurns, *concurrency, *maxTokens, *slo)
+
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range routes {
+		r := &routes[i]
 		wg.Add(1)
-		go func(i int) {
+		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
-			m := models[i%len(models)]
-			results[i] = streamOnce(ctx, client, m.route, m.model, i, *maxTokens)
-		}(i)
+			sp, err := load.ParseSessions(fmt.Sprintf("n=%d,turns=%d,in=uniform:40:120,out=fixed:%d,think=gamma:2:10ms", r.sessions, nTurns, *maxTokens))
+			if err != nil {
+				r.err = err
+				return
+			}
+			r.report, r.err = load.Run(ctx, load.Config{
+				Target: "http://" + srv.Addr(), Model: r.model, APIKey: "sk-demo", Workload: &load.Workload{Sessions: sp},
+				Concurrency: max(1, *concurrency/len(routes)), SLO: sloLimits, Seed: uint64(i + 1), Timeout: 30 * time.Second,
+			})
+		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	printDemo(stdout, results, elapsed)
-	fmt.Fprintf(stdout, "\nmetrics: http://%s/metrics was live during the run; try `sluice serve --upstream URL` next.\n", srv.AdminAddr())
+	var reps []*load.Report
+	for _, r := range routes {
+		if r.report == nil {
+			return fmt.Errorf("%s: %w", r.route, r.err)
+		}
+		reps = append(reps, r.report)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	all, err := load.Merge(reps...)
+	if err != nil {
+		return err
+	}
+	printDemo(stdout, routes, all, elapsed)
+	fmt.Fprintf(stdout, "\nmetrics: http://%s/metrics was live during the run; try `sluice serve --upstream URL` and `sluice load --target URL` next.\n", srv.AdminAddr())
 	return nil
 }
 
-type demoResult struct {
-	route   string
-	err     error
-	tokens  int
-	ttft    time.Duration
-	gaps    []time.Duration
-	elapsed time.Duration
+type demoRoute struct {
+	route, model string
+	sessions     int
+	report       *load.Report
+	err          error
 }
 
-func streamOnce(ctx context.Context, client openai.Client, route, model string, i, maxTokens int) demoResult {
-	res := demoResult{route: route}
-	t0 := time.Now()
-	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
-		Model: model,
-		Messages: []openai.ChatCompletionMessageParamUnion{
-			openai.SystemMessage("You are a concise assistant."),
-			openai.UserMessage(fmt.Sprintf("Request %d: summarise why gateways keep SLOs under bursts. [[mem:demo%d]]", i, i)),
-		},
-		MaxTokens:     openai.Int(int64(maxTokens)),
-		Temperature:   openai.Float(0),
-		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
-	})
-	defer stream.Close()
-	var last time.Time
-	for stream.Next() {
-		chunk := stream.Current()
-		if len(chunk.Choices) == 0 || chunk.Choices[0].Delta.Content == "" {
-			continue
-		}
-		now := time.Now()
-		if last.IsZero() {
-			res.ttft = now.Sub(t0)
-		} else {
-			res.gaps = append(res.gaps, now.Sub(last))
-		}
-		last = now
-		res.tokens++
-	}
-	res.err = stream.Err()
-	res.elapsed = time.Since(t0)
-	return res
-}
-
-func printDemo(w io.Writer, results []demoResult, elapsed time.Duration) {
-	byRoute := map[string][]demoResult{}
-	var routes []string
-	for _, r := range results {
-		if _, ok := byRoute[r.route]; !ok {
-			routes = append(routes, r.route)
-		}
-		byRoute[r.route] = append(byRoute[r.route], r)
-	}
+func printDemo(w io.Writer, routes []demoRoute, all *load.Report, elapsed time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\trequests\terrors\ttokens\tTTFT p50\tTTFT p95\tTTFT p99\tITL p50\tITL p99\t")
-	var errs []string
-	for _, name := range routes {
-		rs := byRoute[name]
-		var ttfts, gaps []time.Duration
-		nerr, tokens := 0, 0
-		for _, r := range rs {
-			if r.err != nil {
-				nerr++
-				if len(errs) < 5 {
-					errs = append(errs, fmt.Sprintf("%s: %v", name, r.err))
-				}
-				continue
-			}
-			ttfts = append(ttfts, r.ttft)
-			gaps = append(gaps, r.gaps...)
-			tokens += r.tokens
+	for _, rt := range routes {
+		r := rt.report
+		t, i := r.Summary.Latency[load.HTTFT], r.Summary.Latency[load.HITL]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", rt.route, r.Requests, r.Failed+r.Aborted, r.OutputTokens,
+			ms(t.P50), ms(t.P95), ms(t.P99), ms(i.P50), ms(i.P99))
+	}
+	_ = tw.Flush()
+	s := all.Summary
+	fmt.Fprintf(w, "\n%d requests in %s (%.1f req/s, %.0f output tok/s)\n", all.Requests, elapsed.Round(time.Millisecond),
+		float64(all.Requests)/elapsed.Seconds(), s.OutTokPerS)
+	if s.Attainment != nil {
+		fmt.Fprintf(w, "goodput %.2f req/s; SLO attainment all %.1f%% (ttft %.1f%%, itl %.1f%%)\n", s.Goodput,
+			100*s.Attainment["all"], 100*s.Attainment["ttft"], 100*s.Attainment["itl"])
+	}
+	if all.MarkersExpected > 0 {
+		fmt.Fprintf(w, "context fidelity %.1f%% (%d of %d markers from earlier turns repeated)\n", 100*s.ContextFidelity,
+			all.MarkersFound, all.MarkersExpected)
+	}
+	if lag, ok := s.Latency[load.HLag]; ok {
+		fmt.Fprintf(w, "injector scheduling lag p50 %.3f ms, p99 %.3f ms\n", lag.P50, lag.P99)
+	}
+	n := 0
+	for _, e := range all.Samples {
+		if n == 5 {
+			break
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, len(rs), nerr, tokens,
-			ms(pct(ttfts, 50)), ms(pct(ttfts, 95)), ms(pct(ttfts, 99)), ms(pct(gaps, 50)), ms(pct(gaps, 99)))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "\n%d requests in %s (%.1f req/s)\n", len(results), elapsed.Round(time.Millisecond), float64(len(results))/elapsed.Seconds())
-	for _, e := range errs {
-		fmt.Fprintln(w, "error:", e)
+		fmt.Fprintf(w, "error: %dx %s %d: %s\n", e.Count, e.Class, e.Status, e.Message)
+		n++
 	}
 }
 
-// pct is the nearest-rank percentile of ds (it sorts ds).
-func pct(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	k := int(float64(len(ds))*p/100+0.999999) - 1
-	return ds[max(0, min(k, len(ds)-1))]
-}
-
-func ms(d time.Duration) string {
-	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
-}
+func ms(v float64) string { return fmt.Sprintf("%.1fms", v) }
 
 type runningSim struct {
 	addr string

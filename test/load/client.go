@@ -33,6 +33,7 @@ type call struct {
 	abortAt   int // abort after this many tokens (0: never)
 	markers   []string
 	keepText  bool
+	body      []byte // the encoded request (nil: do encodes it)
 }
 
 type chatBody struct {
@@ -87,10 +88,8 @@ func (c *chunk) finished() bool {
 	return false
 }
 
-// do sends one request and measures it. scheduled is when the pacer wanted it sent.
-func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
-	res := &Result{Index: c.index, Session: c.session, Turn: c.turn, Scheduled: scheduled, Input: c.input}
-	res.Timeline = Timeline{FirstEvent: -1, TTFT: -1, TPOT: -1}
+// encode returns c's request body.
+func (e *engine) encode(c *call) []byte {
 	body := chatBody{Model: e.cfg.Model, MaxTokens: c.maxTokens, IgnoreEOS: !e.cfg.NoIgnoreEOS, Stream: !e.cfg.NoStream}
 	if e.cfg.Endpoint == "completions" {
 		p := c.prompt
@@ -104,10 +103,21 @@ func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
 			body.StreamOptions["continuous_usage_stats"] = true
 		}
 	}
-	b, err := json.Marshal(body)
+	b, err := json.Marshal(body) // cannot fail: strings, ints and bools
 	if err != nil {
-		res.Class, res.Err = ErrConnect, err.Error()
-		return res
+		panic(err)
+	}
+	return b
+}
+
+// do sends one request and measures it. scheduled is when the pacer wanted it sent.
+func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
+	res := &Result{Index: c.index, Session: c.session, Turn: c.turn, Scheduled: scheduled, Input: c.input}
+	res.Timeline = Timeline{FirstEvent: -1, TTFT: -1, TPOT: -1}
+	stream := !e.cfg.NoStream
+	b := c.body
+	if b == nil {
+		b = e.encode(c)
 	}
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
@@ -117,7 +127,7 @@ func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
 		return res
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if body.Stream {
+	if stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
 	if e.cfg.APIKey != "" {
@@ -155,7 +165,7 @@ func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
 	var text strings.Builder
 	final := -1
 	completed := false
-	if !body.Stream {
+	if !stream {
 		raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 		at := time.Since(res.Sent)
 		if err != nil {

@@ -75,7 +75,9 @@ func (r *Report) distSVG(name, title string) template.HTML {
 		sb.WriteString(`<text x="200" y="110">no data</text></svg>`)
 		return template.HTML(sb.String())
 	}
-	lo := math.Max(float64(h.h.Min())/1000, 0.001)
+	// The axis starts at the smallest value, but no lower than half the first percentile:
+	// zero gaps (tokens of one event) would otherwise stretch a log axis over decades.
+	lo := math.Max(math.Max(float64(h.h.Min())/1000, float64(h.Quantile(1).Microseconds())/2000), 0.001)
 	hi := math.Max(float64(h.h.Max())/1000, lo*1.01)
 	const nb = 40
 	bins := make([]int64, nb)
@@ -100,7 +102,11 @@ func (r *Report) distSVG(name, title string) template.HTML {
 	}
 	for k := 0; k <= 4; k++ {
 		v := math.Pow(10, l0+(l1-l0)*float64(k)/4)
-		fmt.Fprintf(&sb, `<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s</text>`, float64(padL)+pw*float64(k)/4, svgH-padB+14, fmtNum(v))
+		anchor := "middle"
+		if k == 4 {
+			anchor = "end"
+		}
+		fmt.Fprintf(&sb, `<text x="%.1f" y="%d" font-size="10" text-anchor="%s">%s</text>`, float64(padL)+pw*float64(k)/4, svgH-padB+14, anchor, fmtNum(v))
 	}
 	fmt.Fprintf(&sb, `<text x="4" y="%d" font-size="10">%d</text>`, padT+8, top)
 	for _, q := range []struct {
@@ -109,8 +115,18 @@ func (r *Report) distSVG(name, title string) template.HTML {
 	}{{50, "#2a2"}, {99, "#c22"}} {
 		v := float64(h.Quantile(q.p).Microseconds()) / 1000
 		x := float64(padL) + pw*(math.Log10(math.Max(v, lo))-l0)/(l1-l0+1e-12)
-		fmt.Fprintf(&sb, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-dasharray="4 2"/><text x="%.1f" y="%d" font-size="10" fill="%s">p%g %s</text>`,
-			x, padT, x, svgH-padB, q.c, x+3, padT+10, q.c, q.p, fmtNum(v))
+		// Labels go right of their line, or left of it near the right edge; p99's sits lower
+		// so that the two cannot overlap.
+		tx, anchor := x+3, "start"
+		if x > float64(svgW)-90 {
+			tx, anchor = x-3, "end"
+		}
+		ty := padT + 10
+		if q.p == 99 {
+			ty += 12
+		}
+		fmt.Fprintf(&sb, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-dasharray="4 2"/><text x="%.1f" y="%d" font-size="10" fill="%s" text-anchor="%s">p%g %s</text>`,
+			x, padT, x, svgH-padB, q.c, tx, ty, q.c, anchor, q.p, fmtNum(v))
 	}
 	sb.WriteString(`</svg>`)
 	return template.HTML(sb.String())

@@ -55,13 +55,8 @@ func (e *engine) runSessions(ctx context.Context, start time.Time) {
 			continue
 		}
 		due := start.Add(at)
-		if d := time.Until(due); d > 0 {
-			timer.Reset(d)
-			select {
-			case <-ctx.Done():
-				return
-			case <-timer.C:
-			}
+		if !e.waitUntil(ctx, timer, due) {
+			return
 		}
 		e.wg.Add(1)
 		go func() {
@@ -86,6 +81,8 @@ func (e *engine) session(ctx context.Context, j int, scheduled time.Time) {
 		if ctx.Err() != nil {
 			return
 		}
+		// The turn is built before its send time, so that building it (tokenizing the
+		// history) is not counted as scheduling lag.
 		in, out := sp.In.Draw(rng), sp.Out.Draw(rng)
 		m := Marker(e.cfg.Seed, j, t)
 		text := e.synth.Marked(in, m, e.cfg.Seed*7919+uint64(j*sp.Turns+t))
@@ -102,6 +99,10 @@ func (e *engine) session(ctx context.Context, j int, scheduled time.Time) {
 				c.prompt += h.Content + "\n"
 			}
 		}
+		c.body = e.encode(c)
+		if t > 0 && !e.waitUntil(ctx, timer, scheduled) {
+			return
+		}
 		e.sent.Add(1)
 		e.inflight.Add(1)
 		res := e.do(ctx, c, scheduled)
@@ -112,15 +113,6 @@ func (e *engine) session(ctx context.Context, j int, scheduled time.Time) {
 		}
 		history = append(msgs, Message{Role: "assistant", Content: res.Text})
 		planted = append(planted, m)
-		think := GammaDuration(rng, sp.ThinkShape, sp.ThinkScale)
-		scheduled = time.Now().Add(think)
-		if think > 0 {
-			timer.Reset(think)
-			select {
-			case <-ctx.Done():
-				return
-			case <-timer.C:
-			}
-		}
+		scheduled = time.Now().Add(GammaDuration(rng, sp.ThinkShape, sp.ThinkScale))
 	}
 }
