@@ -361,6 +361,9 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // AdminAddr is the admin listener's bound address.
 func (s *Server) AdminAddr() string { return s.adminLn.Addr().String() }
 
+// Chaos is the fault-injection engine (as the admin API drives it).
+func (s *Server) Chaos() *fault.Engine { return s.chaos }
+
 // Config returns the config now serving.
 func (s *Server) Config() *config.Config { return s.state.Load().snap.Config }
 

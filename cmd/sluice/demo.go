@@ -16,6 +16,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/proxy"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/test/load"
@@ -34,6 +35,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	maxTokens := fs.Int("max-tokens", 48, "max_tokens of each request")
 	slo := fs.String("slo", "ttft=250ms,itl=50ms", "SLO for goodput and attainment (sluice load's --slo syntax)")
 	verbose := fs.Bool("v", false, "show the gateway's logs")
+	chaosPhase := fs.Bool("chaos", true, "run the chaos phase: faults on the primary while the workload runs")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice demo [--requests N] [--turns T] [--concurrency C] [--max-tokens T] [--slo S] [-v]
 
@@ -41,7 +43,9 @@ Starts two simulated model servers and the gateway in this process on free loopb
 sends a streaming multi-turn chat workload through the gateway with the load injector (the
 one behind 'sluice load'), and prints per-route results (requests, errors, tokens, TTFT and
 inter-token latency percentiles), then goodput, SLO attainment, context fidelity across
-turns and the injector's scheduling lag.
+turns and the injector's scheduling lag. Then a chaos phase: aborts, stalls before the first
+token, streams cut mid-way and malformed chunks on the primary while the same workload runs,
+and a table of the faults injected against what the client saw (fallbacks, resumed streams).
 
 Flags:
 `)
@@ -65,6 +69,13 @@ Flags:
 		return err
 	}
 	defer primary.stop()
+	// The fallback serves the same model, so a stream resumed there reads as the uncut one.
+	fallback, err := startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 40 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
+		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, Seed: 3})
+	if err != nil {
+		return err
+	}
+	defer fallback.stop()
 	small, err := startSim(sim.Config{Model: "qwen-small-sim", TTFT: 15 * time.Millisecond, ITL: 3 * time.Millisecond,
 		MaxRunning: 16, Seed: 2})
 	if err != nil {
@@ -74,7 +85,7 @@ Flags:
 
 	var yml bytes.Buffer
 	if err := template.Must(template.New("demo").Parse(demoConfig)).Execute(&yml, map[string]string{
-		"Primary": primary.addr, "Small": small.addr,
+		"Primary": primary.addr, "Fallback": fallback.addr, "Small": small.addr,
 	}); err != nil {
 		return err
 	}
@@ -102,7 +113,7 @@ Flags:
 	}()
 
 	fmt.Fprintf(stdout, "sluice demo: gateway on http://%s (admin http://%s)\n", srv.Addr(), srv.AdminAddr())
-	fmt.Fprintf(stdout, "  simulators: llama-3-8b-sim on %s, qwen-small-sim on %s\n", primary.addr, small.addr)
+	fmt.Fprintf(stdout, "  simulators: llama-3-8b-sim on %s (fallback %s), qwen-small-sim on %s\n", primary.addr, fallback.addr, small.addr)
 
 	// The workload is the load injector's (test/load): multi-turn sessions, each turn carrying
 	// the whole history and a [[mem:...]] marker that later answers must repeat (the
@@ -158,6 +169,11 @@ Flags:
 		return err
 	}
 	printDemo(stdout, routes, all, elapsed)
+	if *chaosPhase {
+		if err := demoChaos(ctx, stdout, srv, sessions, nTurns, *concurrency, *maxTokens, sloLimits); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(stdout, "\nmetrics: http://%s/metrics was live during the run; try `sluice serve --upstream URL` and `sluice load --target URL` next.\n", srv.AdminAddr())
 	return nil
 }
@@ -167,6 +183,39 @@ type demoRoute struct {
 	sessions     int
 	report       *load.Report
 	err          error
+}
+
+// demoChaos runs the workload again on the llama route with faults on its primary cluster and
+// prints what was injected against what the clients saw.
+func demoChaos(ctx context.Context, w io.Writer, srv *proxy.Server, sessions, turns, concurrency, maxTokens int, slo load.SLO) error {
+	pct := func(v float64) *float64 { return &v }
+	faults := []fault.Spec{
+		{ID: "abort-503", Kind: fault.KindAbort, Cluster: "llama-primary", Percent: pct(10), Status: 503},
+		{ID: "stall-first-token", Kind: fault.KindTTFT, Cluster: "llama-primary", Percent: pct(5), For: fault.Duration(3 * time.Second)},
+		{ID: "cut-mid-stream", Kind: fault.KindCut, Cluster: "llama-primary", Percent: pct(10), AfterEvents: 10, Mode: "reset"},
+		{ID: "malformed-chunk", Kind: fault.KindMalformed, Cluster: "llama-primary", Percent: pct(5), At: 5},
+	}
+	if err := srv.Chaos().Set(faults); err != nil {
+		return fmt.Errorf("chaos phase: %w", err)
+	}
+	defer srv.Chaos().Clear()
+	fmt.Fprintf(w, "\nchaos phase: %d sessions on chat-llama with faults on llama-primary (10%% abort 503, 5%% first token held 3s\n", sessions)
+	fmt.Fprintf(w, "  against a 1s TTFT time-out, 10%% streams reset after 10 events, 5%% a malformed chunk); fallback llama-fallback, resume on\n\n")
+	sp, err := load.ParseSessions(fmt.Sprintf("n=%d,turns=%d,in=uniform:40:120,out=fixed:%d,think=gamma:2:10ms", sessions, turns, maxTokens))
+	if err != nil {
+		return err
+	}
+	rep, err := load.Run(ctx, load.Config{
+		Target: "http://" + srv.Addr(), Model: "llama-3-8b-sim", APIKey: "sk-demo", Workload: &load.Workload{Sessions: sp},
+		Concurrency: max(1, concurrency), SLO: slo, Seed: 7, Timeout: 30 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("chaos phase: %w", err)
+	}
+	fmt.Fprintln(w, srv.Chaos().Report().String())
+	fmt.Fprintf(w, "clients: %d requests, %d ok, %d failed; %d served after a retry or fallback; context fidelity %.1f%%\n",
+		rep.Requests, rep.OK, rep.Failed+rep.Aborted, rep.Recovered, 100*rep.Summary.ContextFidelity)
+	return nil
 }
 
 func printDemo(w io.Writer, routes []demoRoute, all *load.Report, elapsed time.Duration) {
