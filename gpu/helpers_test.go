@@ -9,29 +9,16 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/policy/clocktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fakeClock is a settable clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type fakeClock = clocktest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+func newFakeClock() *fakeClock { return clocktest.New(time.Unix(1_700_000_000, 0)) }
 
 // pageServer serves a settable metrics page with a settable status and counts requests.
 type pageServer struct {

@@ -13,30 +13,17 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicegw/sluice/policy/clocktest"
+
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = clocktest.Clock
 
-func newClock() *fakeClock { return &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *fakeClock { return clocktest.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)) }
 
 // sleeps records the waits the engine asked for instead of sleeping.
 type sleeps struct {

@@ -3,11 +3,12 @@ package route
 import (
 	"context"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/policy/clocktest"
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -16,24 +17,9 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fakeClock is a policy.Clock the test moves by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type fakeClock = clocktest.Clock
 
-func newClock() *fakeClock { return &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *fakeClock { return clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) }
 
 // req is a chat request with the given session header (""  : none).
 func req(session string) *policy.Request {

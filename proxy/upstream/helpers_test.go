@@ -2,39 +2,19 @@ package upstream
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/policy/clocktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type fakeClock = clocktest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (f *fakeClock) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.t
-}
-
-func (f *fakeClock) Advance(d time.Duration) {
-	f.mu.Lock()
-	f.t = f.t.Add(d)
-	f.mu.Unlock()
-}
-
-func (f *fakeClock) Set(t time.Time) {
-	f.mu.Lock()
-	f.t = t
-	f.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return clocktest.New(time.Unix(1_700_000_000, 0)) }
 
 // specs returns n endpoint specs with distinct unreachable URLs.
 func specs(n int) []EndpointSpec {
