@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/concurrency"
 	"github.com/sluicegw/sluice/policy/guard"
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	"github.com/sluicegw/sluice/proxy/config"
@@ -106,6 +107,10 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 				}
 				g.SetPriorities(priorities)
 			}
+			if c, ok := bp.impl.(*concurrency.Limiter); ok {
+				c.SetPriorities(priorities)
+				c.SetLoadSource(concurrency.LoadFunc(s.clusterLoad(st)))
+			}
 		}
 		st.policies = append(st.policies, route...)
 	}
@@ -150,4 +155,23 @@ func orderOf(typ string) int {
 		return i
 	}
 	return len(admissionOrder)
+}
+
+// clusterLoad sums a cluster's fresh queue signals (and takes its highest KV-cache use) for
+// the adaptive concurrency limiter. It does not block.
+func (s *Server) clusterLoad(st *state) func(cluster string) (waiting, kv float64, fresh bool) {
+	return func(cluster string) (waiting, kv float64, fresh bool) {
+		cc := st.snap.Cluster(cluster)
+		if cc == nil {
+			return 0, 0, false
+		}
+		for _, ep := range cc.Endpoints {
+			if l, ok := s.scraper.Get(ep.URL); ok {
+				waiting += l.Waiting
+				kv = max(kv, l.KVCacheUsage)
+				fresh = true
+			}
+		}
+		return waiting, kv, fresh
+	}
 }

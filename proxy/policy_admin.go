@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicegw/sluice/policy/concurrency"
 	"github.com/sluicegw/sluice/policy/guard"
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	"github.com/sluicegw/sluice/policy/route"
@@ -29,6 +30,21 @@ func (st *state) guards() []*guard.Guard {
 type namedLimiter struct {
 	route, name string
 	*ratelimit.Limiter
+}
+
+type namedConcurrency struct {
+	route, name string
+	*concurrency.Limiter
+}
+
+func (st *state) concurrencyLimiters() []namedConcurrency {
+	var out []namedConcurrency
+	for _, bp := range st.policies {
+		if c, ok := bp.impl.(*concurrency.Limiter); ok {
+			out = append(out, namedConcurrency{bp.route, bp.name, c})
+		}
+	}
+	return out
 }
 
 func (st *state) limiters() []namedLimiter {
@@ -107,6 +123,18 @@ func (s *Server) policyRoutes(mux *http.ServeMux) {
 		s.log.Info("split weights changed from the admin API", "route", r.PathValue("route"), "weights", weights)
 		writeJSON(w, http.StatusOK, map[string]any{"weights": rtr.Weights()})
 	}))
+	mux.Handle("GET /admin/concurrency", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		type entry struct {
+			Route    string               `json:"route"`
+			Name     string               `json:"name"`
+			Snapshot concurrency.Snapshot `json:"state"`
+		}
+		out := []entry{}
+		for _, c := range s.state.Load().concurrencyLimiters() {
+			out = append(out, entry{c.route, c.name, c.Snapshot()})
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"limiters": out})
+	}))
 	mux.Handle("GET /admin/ratelimits", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
 		type entry struct {
 			Route string               `json:"route"`
@@ -148,8 +176,34 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
+	climit, err := m.Int64ObservableGauge("sluice.concurrency.limit", metric.WithDescription("Adaptive concurrency limit of the route"))
+	if err != nil {
+		return nil, err
+	}
+	cinflight, err := m.Int64ObservableGauge("sluice.concurrency.in_flight", metric.WithDescription("Requests holding a concurrency slot"))
+	if err != nil {
+		return nil, err
+	}
+	cqueue, err := m.Int64ObservableGauge("sluice.concurrency.queue_length", metric.WithDescription("Requests waiting for a concurrency slot"))
+	if err != nil {
+		return nil, err
+	}
+	crej, err := m.Int64ObservableCounter("sluice.concurrency.rejections", metric.WithDescription("Requests the concurrency limiter rejected, by reason"))
+	if err != nil {
+		return nil, err
+	}
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := s.state.Load()
+		for _, c := range st.concurrencyLimiters() {
+			cs := c.Stats()
+			route := attribute.String("route", c.route)
+			o.ObserveInt64(climit, int64(cs.Limit), metric.WithAttributes(route))
+			o.ObserveInt64(cinflight, int64(cs.InFlight), metric.WithAttributes(route))
+			o.ObserveInt64(cqueue, int64(cs.Queued), metric.WithAttributes(route))
+			for _, reason := range sortedKeys(cs.Rejected) {
+				o.ObserveInt64(crej, int64(cs.Rejected[reason]), metric.WithAttributes(route, attribute.String("reason", reason)))
+			}
+		}
 		for _, g := range st.guards() {
 			gs := g.Stats()
 			route := attribute.String("route", g.Snapshot().Route)
@@ -169,7 +223,7 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			}
 		}
 		return nil
-	}, rejected, level, trips, exact, rl, glob)
+	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej)
 }
 
 func sortedKeys(m map[string]uint64) []string {
