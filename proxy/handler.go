@@ -106,7 +106,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 6–9. pick, send, relay, retry: failures before the first byte move to the next try.
-	res := h.forward(ctx, ex, st, rt, plan)
+	var res result
+	if bt := st.batchers[rt.Index]; bt != nil && bt.Batchable(req) {
+		res = h.batched(ctx, ex, st, rt, plan, bt) // merged with others into one upstream request
+	} else {
+		res = h.forward(ctx, ex, st, rt, plan)
+	}
 
 	// 10. settle and record.
 	h.finish(ctx, ex, st, rt, span, res)

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/batch"
 	"github.com/sluicegw/sluice/policy/concurrency"
 	"github.com/sluicegw/sluice/policy/guard"
 	"github.com/sluicegw/sluice/policy/ratelimit"
@@ -16,7 +17,7 @@ import (
 
 // admissionOrder is the order of the admission chain by policy type (DESIGN.md: rate limits,
 // then the prompt guard, then concurrency); other types follow in config order.
-var admissionOrder = []string{"ratelimit", "guard", "concurrency"}
+var admissionOrder = []string{"ratelimit", "guard", "concurrency", "batch"}
 
 // defaultPolicies are added to every route that does not configure their type: the guard's
 // first-try protection (content depth 5, surge 3 × p95 after 100 requests).
@@ -62,6 +63,7 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 		priorities[t.Name] = t.Priority
 	}
 	var problems []string
+	st.batchers = make([]*batch.Batcher, len(st.snap.Routes))
 	for i, r := range st.snap.Routes {
 		env := policy.Env{Route: r.Name, Clock: policy.SystemClock{}, Logger: s.log.With("route", r.Name)}
 		specs := slices.Clone(r.Policies)
@@ -79,7 +81,7 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 			}
 			bp := old[key]
 			if bp == nil {
-				impl, err := policy.Build(spec, env)
+				impl, err := buildPolicy(spec, env)
 				if err != nil {
 					problems = append(problems, fmt.Sprintf("routes[%d].policies[%d] (%s): %v", i, j, spec.Type, err))
 					continue
@@ -106,6 +108,9 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 					problems = append(problems, fmt.Sprintf("routes[%d].policies (guard): degrade.long_context_cluster: unknown cluster %q", i, c))
 				}
 				g.SetPriorities(priorities)
+			}
+			if b, ok := bp.impl.(*batch.Batcher); ok {
+				st.batchers[i] = b
 			}
 			if c, ok := bp.impl.(*concurrency.Limiter); ok {
 				c.SetPriorities(priorities)
@@ -137,9 +142,25 @@ func retire(old, cur *state) {
 }
 
 func closePolicy(bp *builtPolicy) {
-	if c, ok := bp.impl.(io.Closer); ok {
+	switch c := bp.impl.(type) {
+	case io.Closer:
 		_ = c.Close()
+	case interface{ Close() }:
+		c.Close()
 	}
+}
+
+// buildPolicy builds one route policy. The batcher is not an admission policy (it sits at
+// the send step), so it is built by its own package rather than the registry.
+func buildPolicy(spec policy.Spec, env policy.Env) (any, error) {
+	if spec.Type != batch.Type {
+		return policy.Build(spec, env)
+	}
+	raw, err := json.Marshal(spec.Params)
+	if err != nil {
+		return nil, fmt.Errorf("params: %w", err)
+	}
+	return batch.FromSpec(raw, env)
 }
 
 func policyKey(route string, s policy.Spec) (string, error) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/batch"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
@@ -85,6 +86,7 @@ type state struct {
 	observers map[string][]policy.Observer
 	tenants   tenantResolver // nil when no tenants are configured
 	policies  []*builtPolicy
+	batchers  []*batch.Batcher   // by route index; nil where the route does not batch
 	stop      context.CancelFunc // stops this generation's health checks
 }
 

@@ -44,6 +44,11 @@ type Config struct {
 	TimeScale        float64       // multiplies every simulated duration (default 1)
 	Seed             int64         // RNG seed for error injection, jitter and unseeded sampling
 	EmbeddingDim     int           // embedding vector length (default 64)
+	// Embeddings batch cost (see the package doc): an embeddings request holds the one
+	// embedding engine for EmbedRequestCost + EmbedItemCost × inputs before it is answered,
+	// so requests queue behind each other and merging inputs into one request pays.
+	EmbedRequestCost time.Duration // fixed engine time per embeddings request (default 0)
+	EmbedItemCost    time.Duration // engine time per embeddings input (default 0)
 }
 
 // Validate reports every problem of c at once (joined with errors.Join), or nil. Zero values
@@ -67,6 +72,7 @@ func (c Config) Validate() error {
 	}{
 		{"TTFT", c.TTFT}, {"PrefillPerToken", c.PrefillPerToken}, {"ITL", c.ITL},
 		{"ITLPerRunning", c.ITLPerRunning}, {"Delay", c.Delay}, {"DelayJitter", c.DelayJitter},
+		{"EmbedRequestCost", c.EmbedRequestCost}, {"EmbedItemCost", c.EmbedItemCost},
 	} {
 		if d.v < 0 {
 			bad("%s: must be >= 0, got %v", d.name, d.v)
@@ -123,7 +129,7 @@ func (c Config) withDefaults() Config {
 	if c.Model == "" {
 		c.Model = DefaultModel
 	}
-	for _, d := range []*time.Duration{&c.TTFT, &c.PrefillPerToken, &c.ITL, &c.ITLPerRunning, &c.Delay, &c.DelayJitter} {
+	for _, d := range []*time.Duration{&c.TTFT, &c.PrefillPerToken, &c.ITL, &c.ITLPerRunning, &c.Delay, &c.DelayJitter, &c.EmbedRequestCost, &c.EmbedItemCost} {
 		if *d < 0 {
 			*d = 0
 		}
@@ -164,6 +170,18 @@ func (c Config) withDefaults() Config {
 func (c Config) fastPath() bool {
 	return c.TTFT == 0 && c.PrefillPerToken == 0 && c.ITL == 0 && c.ITLPerRunning == 0 &&
 		c.Delay == 0 && c.DelayJitter == 0
+}
+
+// embedCost is the unscaled engine time of an embeddings request with n inputs.
+func (c Config) embedCost(n int) time.Duration {
+	if c.EmbedRequestCost <= 0 && c.EmbedItemCost <= 0 {
+		return 0
+	}
+	per := float64(c.EmbedItemCost) * float64(n)
+	if f := float64(c.EmbedRequestCost) + per; f < math.MaxInt64 {
+		return time.Duration(f)
+	}
+	return time.Duration(math.MaxInt64)
 }
 
 // scale multiplies a simulated duration by TimeScale.

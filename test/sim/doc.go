@@ -93,6 +93,18 @@
 // scaled wait before a request enters the engine. ErrorRate5xx and ErrorRate429 answer a
 // share of API requests at once with 500/503 or 429 (Retry-After: 1).
 //
+// Embeddings batch cost: with EmbedRequestCost or EmbedItemCost set, an embeddings request,
+// once parsed (and after Delay), waits for the server's one embedding engine and holds it for
+//
+//	(EmbedRequestCost + EmbedItemCost × inputs) × TimeScale
+//
+// before it goes on to be answered (through the scheduler, or inline on the fast path: the
+// cost does not turn the fast path off). Requests take the engine one at a time in arrival
+// order, so n single-input requests cost n × (EmbedRequestCost + EmbedItemCost) while one
+// request with n inputs costs EmbedRequestCost + n × EmbedItemCost: merging small requests
+// pays as on a real embedding server, whose fixed per-forward-pass cost dominates small
+// batches. A client that goes away stops waiting (and releases the engine) at once.
+//
 // Metrics (real time, after TimeScale): gauges vllm:num_requests_running,
 // vllm:num_requests_waiting, vllm:kv_cache_usage_perc (and the older
 // vllm:gpu_cache_usage_perc); histograms vllm:time_to_first_token_seconds,

@@ -42,6 +42,7 @@ type Server struct {
 	maxWaitingSeen int
 	closed         bool
 
+	embedSlot chan struct{} // the one embedding engine: held for an embeddings request's cost
 	wake      chan struct{}
 	stop      chan struct{}
 	closeOnce sync.Once
@@ -63,6 +64,7 @@ func New(cfg Config) *Server {
 		created:   now.Unix(),
 		idBase:    mix64(uint64(now.UnixNano())),
 		rng:       rand.New(rand.NewPCG(uint64(cfg.Seed), 0x51a1ce)),
+		embedSlot: make(chan struct{}, 1),
 		wake:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 	}
@@ -415,6 +417,14 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		s.count(o)
 		return
 	}
+	if p.ep == epEmbeddings && !s.embedBusy(ctx, len(p.choices)) {
+		o := s.stoppedOutcome(ctx)
+		if o == outClosed {
+			writeError(w, statusError(http.StatusServiceUnavailable))
+		}
+		s.count(o)
+		return
+	}
 	var err error
 	if s.fast {
 		err = s.runInline(w, p, st, arrival)
@@ -426,6 +436,26 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		writeError(w, statusError(http.StatusServiceUnavailable))
 	}
 	s.count(o)
+}
+
+// embedBusy charges an embeddings request with n inputs its batch cost: it waits for the one
+// embedding engine (FIFO among waiters, as Go queues blocked channel senders), holds it for
+// scale(EmbedRequestCost + EmbedItemCost × n), and releases it. It reports false when the
+// client went away or the server closed first (the engine is released at once).
+func (s *Server) embedBusy(ctx context.Context, n int) bool {
+	d := s.cfg.scale(s.cfg.embedCost(n))
+	if d <= 0 {
+		return true
+	}
+	select {
+	case s.embedSlot <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	case <-s.stop:
+		return false
+	}
+	defer func() { <-s.embedSlot }()
+	return sleepCtx(ctx, s.stop, d)
 }
 
 func (s *Server) stoppedOutcome(ctx context.Context) outcome {

@@ -1,0 +1,141 @@
+package batch
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sluicegw/sluice/policy"
+)
+
+// Type is the policy type name of the batcher in configs ({type: batch, params: {...}}).
+const Type = "batch"
+
+// Defaults applied to zero-valued Params fields.
+const (
+	DefaultMinWindow        = policy.Duration(500 * time.Microsecond)
+	DefaultMaxWindow        = policy.Duration(20 * time.Millisecond)
+	DefaultTargetLatency    = policy.Duration(200 * time.Millisecond)
+	DefaultIncrease         = policy.Duration(500 * time.Microsecond)
+	DefaultDecrease         = 0.5
+	DefaultMaxItems         = 256
+	DefaultMaxTokens        = 32768
+	DefaultBackendMaxInputs = 2048 // OpenAI's own per-request input limit
+	DefaultMaxInFlight      = 4
+)
+
+// Params configure a Batcher. Zero values take the defaults above.
+type Params struct {
+	// Window bounds: how long the first request of a batch waits for others. The window
+	// starts at InitialWindow (default: MinWindow) and adapts within [MinWindow, MaxWindow].
+	MinWindow     policy.Duration `json:"min_window" yaml:"min_window"`
+	MaxWindow     policy.Duration `json:"max_window" yaml:"max_window"`
+	InitialWindow policy.Duration `json:"initial_window" yaml:"initial_window"`
+	// TargetLatency is the batch latency (the upstream send, answer included) under which the
+	// window grows by Increase; above it the window is multiplied by Decrease (0 < d < 1).
+	TargetLatency policy.Duration `json:"target_latency" yaml:"target_latency"`
+	Increase      policy.Duration `json:"increase" yaml:"increase"`
+	Decrease      float64         `json:"decrease" yaml:"decrease"`
+	// Caps per upstream request: inputs (MaxItems, and the backend's own limit
+	// BackendMaxInputs) and estimated prompt tokens. A batch that reaches a cap is sent at
+	// once; a request that alone exceeds one is sent alone, unchanged.
+	MaxItems         int `json:"max_items" yaml:"max_items"`
+	MaxTokens        int `json:"max_tokens" yaml:"max_tokens"`
+	BackendMaxInputs int `json:"backend_max_inputs" yaml:"backend_max_inputs"`
+	// MaxInFlight bounds the batches of one key in flight at once. A batch whose window ends
+	// while MaxInFlight are in flight stays open (it keeps taking requests up to the caps) and
+	// is sent when one of them is answered, so batches grow with the load instead of queueing
+	// at the model server (self-clocking, as Clipper's per-replica batch queues).
+	MaxInFlight int `json:"max_in_flight" yaml:"max_in_flight"`
+	// MergeCompletions also merges /v1/completions requests with identical parameters and
+	// stream false into one request with a prompt array (off by default).
+	MergeCompletions bool `json:"merge_completions" yaml:"merge_completions"`
+}
+
+// WithDefaults returns p with the defaults applied to zero fields.
+func (p Params) WithDefaults() Params {
+	if p.MinWindow == 0 {
+		p.MinWindow = DefaultMinWindow
+	}
+	if p.MaxWindow == 0 {
+		p.MaxWindow = max(DefaultMaxWindow, p.MinWindow)
+	}
+	if p.InitialWindow == 0 {
+		p.InitialWindow = p.MinWindow
+	}
+	if p.TargetLatency == 0 {
+		p.TargetLatency = DefaultTargetLatency
+	}
+	if p.Increase == 0 {
+		p.Increase = DefaultIncrease
+	}
+	if p.Decrease == 0 {
+		p.Decrease = DefaultDecrease
+	}
+	if p.MaxItems == 0 {
+		p.MaxItems = DefaultMaxItems
+	}
+	if p.MaxTokens == 0 {
+		p.MaxTokens = DefaultMaxTokens
+	}
+	if p.BackendMaxInputs == 0 {
+		p.BackendMaxInputs = DefaultBackendMaxInputs
+	}
+	if p.MaxInFlight == 0 {
+		p.MaxInFlight = DefaultMaxInFlight
+	}
+	return p
+}
+
+// Validate reports every problem of p (defaults applied first) at once, or nil.
+func (p Params) Validate() error {
+	p = p.WithDefaults()
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for _, d := range []struct {
+		name string
+		v    policy.Duration
+	}{
+		{"min_window", p.MinWindow}, {"max_window", p.MaxWindow}, {"initial_window", p.InitialWindow},
+		{"target_latency", p.TargetLatency}, {"increase", p.Increase},
+	} {
+		if d.v < 0 {
+			bad("%s: must be > 0, got %v", d.name, d.v.D())
+		}
+	}
+	if p.MaxWindow > policy.Duration(time.Second) {
+		bad("max_window: at most 1s (a batching window is a few milliseconds), got %v", p.MaxWindow.D())
+	}
+	if p.MinWindow > p.MaxWindow {
+		bad("min_window (%v): must be <= max_window (%v)", p.MinWindow.D(), p.MaxWindow.D())
+	}
+	if p.InitialWindow < p.MinWindow || p.InitialWindow > p.MaxWindow {
+		bad("initial_window (%v): must be within [min_window, max_window] = [%v, %v]", p.InitialWindow.D(), p.MinWindow.D(), p.MaxWindow.D())
+	}
+	if math.IsNaN(p.Decrease) || p.Decrease <= 0 || p.Decrease >= 1 {
+		bad("decrease: must be within (0, 1), got %v", p.Decrease)
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"max_items", p.MaxItems}, {"max_tokens", p.MaxTokens}, {"backend_max_inputs", p.BackendMaxInputs}, {"max_in_flight", p.MaxInFlight}} {
+		if n.v < 0 {
+			bad("%s: must be > 0, got %d", n.name, n.v)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FromSpec builds a Batcher from the params of a {type: batch} policy spec (strict: unknown
+// fields are errors; every problem is reported). The batcher is not an Admitter or an
+// Observer, so policy.Build does not build it: the gateway builds it with FromSpec where it
+// builds a route's policies, and closes it when the route's config is replaced.
+func FromSpec(params json.RawMessage, env policy.Env) (*Batcher, error) {
+	var p Params
+	if err := policy.DecodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	return New(p, env.Clock)
+}

@@ -1,0 +1,90 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/batch"
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// batched sends a request through the route's batcher: merged with others of the same kind
+// (model, encoding, dimensions, tenant) into one upstream request, which goes through the same
+// forward loop (picking, retries, fallbacks) as any request; the caller gets its own part of
+// the answer back.
+func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, plan []policy.Candidate, bt *batch.Batcher) result {
+	preq := ex.preq
+	var served result // the merged request's forward result (cluster, attempts)
+	status, hdr, body, err := bt.Do(ctx, preq.Request, preq.Tenant, func(sctx context.Context, merged []byte) (int, http.Header, []byte, error) {
+		// Runs on the batcher's goroutine, maybe after this caller is gone: only sub is used.
+		rec := &bufferWriter{header: http.Header{}}
+		sub := &exchange{w: rec, r: ex.r.WithContext(sctx), id: ex.id, start: time.Now(), preq: preq, body: merged}
+		res := h.forward(sctx, sub, st, rt, plan)
+		if !sub.committed && res.err != nil {
+			return 0, nil, nil, res.err
+		}
+		served = res
+		return rec.status, rec.header, rec.body.Bytes(), nil
+	})
+	if err != nil {
+		var oe *openai.Error
+		switch {
+		case ctx.Err() != nil:
+			return failure(classError(causeClass(ctx), 0))
+		case errors.As(err, &oe):
+			return failure(oe)
+		default:
+			return failure(openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, "batched request failed: "+err.Error()))
+		}
+	}
+	// Only the caller whose send function carried the batch knows where it went.
+	res := result{status: status, cluster: served.cluster, endpoint: served.endpoint, model: served.model, attempts: max(1, served.attempts)}
+	if res.cluster == "" && len(plan) > 0 {
+		res.cluster = plan[0].Cluster
+	}
+	res.tap.Start = ex.start
+	switch {
+	case status >= 500:
+		res.class = classUpstream5xx
+	case status == http.StatusTooManyRequests:
+		res.class = classUpstream429
+	case status >= 400:
+		res.class = classUpstream4xx
+	default:
+		now := time.Now()
+		res.tap.FirstToken = now
+		res.tap.ObserveBody(body, now)
+	}
+	ex.commit(status, hdr, &res)
+	if _, err := ex.w.Write(body); err != nil {
+		res.class, res.status = classClientCancel, statusClientClosed
+	}
+	return res
+}
+
+// bufferWriter collects a whole answer (the merged request's) in memory.
+type bufferWriter struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (b *bufferWriter) Header() http.Header { return b.header }
+
+func (b *bufferWriter) WriteHeader(status int) {
+	if b.status == 0 {
+		b.status = status
+	}
+}
+
+func (b *bufferWriter) Write(p []byte) (int, error) {
+	if b.status == 0 {
+		b.status = http.StatusOK
+	}
+	return b.body.Write(p)
+}
