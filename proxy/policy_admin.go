@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -233,4 +234,36 @@ func sortedKeys(m map[string]uint64) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// waitCollector exports each adaptive concurrency limiter's admission waits as a Prometheus
+// histogram, sluice_concurrency_wait_seconds{route}, read at scrape time.
+type waitCollector struct {
+	s    *Server
+	desc *prometheus.Desc
+}
+
+func newWaitCollector(s *Server) *waitCollector {
+	return &waitCollector{s: s, desc: prometheus.NewDesc("sluice_concurrency_wait_seconds",
+		"Time admitted requests waited for a concurrency slot", []string{"route"}, nil)}
+}
+
+func (c *waitCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *waitCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, l := range c.s.state.Load().concurrencyLimiters() {
+		w := l.Stats().Wait
+		buckets := make(map[float64]uint64, len(concurrency.WaitBuckets))
+		var cum uint64
+		for i, bound := range concurrency.WaitBuckets {
+			if i < len(w.Counts) {
+				cum += w.Counts[i]
+			}
+			buckets[bound.Seconds()] = cum
+		}
+		m, err := prometheus.NewConstHistogram(c.desc, w.Count, w.Sum.Seconds(), buckets, l.route)
+		if err == nil {
+			ch <- m
+		}
+	}
 }

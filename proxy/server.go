@@ -65,6 +65,7 @@ type Server struct {
 	metricsReg    metric.Registration
 	signalsReg    metric.Registration
 	chaosReg      metric.Registration
+	waits         *waitCollector
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
 	// and this host's GPUs.
@@ -165,6 +166,10 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.chaosReg, err = s.chaosMetrics(s.tel.Meter()); err != nil {
 		return nil, fmt.Errorf("chaos metrics: %w", err)
+	}
+	s.waits = newWaitCollector(s)
+	if err := s.tel.Registry().Register(s.waits); err != nil {
+		return nil, fmt.Errorf("concurrency wait metrics: %w", err)
 	}
 	return s, nil
 }
@@ -507,6 +512,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	_ = s.metricsReg.Unregister()
 	_ = s.signalsReg.Unregister()
 	_ = s.chaosReg.Unregister()
+	s.tel.Registry().Unregister(s.waits)
 	_ = s.scraper.Close()
 	if s.devices != nil {
 		_ = s.devices.Close()

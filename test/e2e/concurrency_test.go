@@ -94,4 +94,7 @@ routes:
 	if v := metricValue(t, hc, g.admin, "sluice_concurrency_rejections_total", `reason="queue_full"`, `route="chat"`); v < 1 {
 		t.Errorf("queue_full rejections metric = %v", v)
 	}
+	if v := metricValue(t, hc, g.admin, "sluice_concurrency_wait_seconds_count", `route="chat"`); v != float64(ok) {
+		t.Errorf("wait histogram counts %v admissions, want %d", v, ok)
+	}
 }
