@@ -173,6 +173,9 @@ func TestHealthCheckStopsWithContext(t *testing.T) {
 	waitFor(t, "a check", func() bool { return srv.hits.Load() > 0 })
 	cancel()
 	c.wg.Wait() // the checkers end with the context, before Close
+	// A check sent just before the cancel may still reach the server after it: let it land,
+	// then no new check may come (the interval is 2ms, so 20ms would show ten).
+	time.Sleep(20 * time.Millisecond)
 	n := srv.hits.Load()
 	time.Sleep(20 * time.Millisecond)
 	if got := srv.hits.Load(); got != n {
