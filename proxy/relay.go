@@ -147,9 +147,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 // errMalformedEvent: the model server sent a data event that is not JSON (nor [DONE]).
 var errMalformedEvent = errors.New("the model server sent a malformed stream chunk")
 
-// wellFormed reports whether an event can be relayed: no data, [DONE], or valid JSON.
+// wellFormed reports whether an event can be relayed: no data, [DONE], or a whole JSON object.
 func wellFormed(ev openai.Event) bool {
-	return ev.Data == nil || ev.IsDone() || json.Valid(ev.Data)
+	return ev.Data == nil || ev.IsDone() || openai.WellFormedChunk(ev.Data)
 }
 
 func malformedError() *openai.Error {
