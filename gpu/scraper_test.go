@@ -180,6 +180,7 @@ func TestScraperSet(t *testing.T) {
 	// Remove b, add c.
 	c := newPageServer(t, vllmPage)
 	s.Set(map[string]string{"a": a.metricsURL(), "c": c.metricsURL()})
+	time.Sleep(20 * time.Millisecond) // a scrape of b cancelled by Set may still land
 	bHits := b.hits.Load()
 	if _, ok := s.Get("b"); ok {
 		t.Error("removed endpoint still has a load")
@@ -211,6 +212,7 @@ func TestScraperSet(t *testing.T) {
 
 	// Empty set: nothing polled.
 	s.Set(nil)
+	time.Sleep(20 * time.Millisecond) // scrapes cancelled by Set may still land
 	aHits, dHits, cHits := a.hits.Load(), down.hits.Load(), c.hits.Load()
 	time.Sleep(30 * time.Millisecond)
 	if a.hits.Load() != aHits || down.hits.Load() != dHits || c.hits.Load() != cHits {
@@ -247,6 +249,9 @@ func TestScraperLifecycle(t *testing.T) {
 		}
 		_ = s.Close()
 		_ = s.Close()
+		// A scrape cancelled by Close (or by an earlier subtest's scraper) may still reach the
+		// server after it: let those land before counting.
+		time.Sleep(20 * time.Millisecond)
 		n := p.hits.Load()
 		s.Set(map[string]string{"a": p.metricsURL()}) // after Close: not polled
 		time.Sleep(20 * time.Millisecond)
