@@ -76,7 +76,6 @@ func WellFormedChunk(data []byte) bool {
 	return depth == 0
 }
 
-
 func isDelim(c byte) bool {
 	switch c {
 	case ',', ':', '}', ']', '{', '[', '"', ' ', '\t', '\n', '\r':
