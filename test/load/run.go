@@ -116,10 +116,10 @@ func (e *engine) waitUntil(ctx context.Context, timer *time.Timer, due time.Time
 func (c *Config) validate() error {
 	var errs []error
 	if c.Target == "" {
-		errs = append(errs, errors.New("target: required"))
+		errs = append(errs, errors.New("target: required (--target URL: the OpenAI-compatible endpoint to load, e.g. http://127.0.0.1:8080)"))
 	}
 	if c.Workload == nil {
-		errs = append(errs, errors.New("workload: required"))
+		errs = append(errs, errors.New("workload: required (--trace FILE, --synthetic SPEC or --sessions SPEC)"))
 	}
 	if c.Rate < 0 || c.Concurrency < 0 || c.Requests < 0 || c.Duration < 0 || c.RampTo < 0 {
 		errs = append(errs, errors.New("rate, concurrency, requests, duration, ramp: must be >= 0"))
