@@ -1,0 +1,684 @@
+package shadow
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// Response formats of Request.ResponseFormat.
+const (
+	FormatText       = "text"
+	FormatJSONObject = "json_object"
+	FormatJSONSchema = "json_schema"
+)
+
+// Tool is a function the request declared, with its JSON Schema parameters
+// (empty: any arguments that parse as JSON are accepted).
+type Tool struct {
+	Name       string
+	Parameters json.RawMessage
+}
+
+// Request holds the parts of a mirrored request that the comparison needs.
+// Schema is the JSON Schema of a json_schema response format; the OpenAI
+// wrapper {"name":…,"schema":{…}} is also accepted and unwrapped.
+type Request struct {
+	ResponseFormat string
+	Schema         json.RawMessage
+	Tools          []Tool
+}
+
+// ToolCall is one function call of an answer; Arguments is the raw string.
+type ToolCall struct {
+	Name      string
+	Arguments string
+}
+
+// Answer is one captured answer. ITL is the mean inter-token latency; zero
+// latencies count as not measured. An answer is OK when ErrorClass is empty
+// and Status is 0 (unset) or 2xx.
+type Answer struct {
+	Status       int
+	ErrorClass   string
+	TTFT, ITL    time.Duration
+	E2E          time.Duration
+	OutputTokens int
+	FinishReason string
+	Text         string
+	ToolCalls    []ToolCall
+}
+
+// OK reports whether the answer succeeded.
+func (a Answer) OK() bool {
+	return a.ErrorClass == "" && (a.Status == 0 || a.Status >= 200 && a.Status < 300)
+}
+
+// AbnormalFinish reports whether an OK answer ended for a reason other than
+// "stop", "tool_calls", "function_call" or an unset one (e.g. "length").
+func (a Answer) AbnormalFinish() bool {
+	switch a.FinishReason {
+	case "", "stop", "tool_calls", "function_call":
+		return false
+	}
+	return true
+}
+
+// SideResult holds the checks of one side of a pair. Checks are made only on
+// OK answers. Problems says why a check broke.
+type SideResult struct {
+	OK              bool
+	AbnormalFinish  bool
+	TTFT, ITL, E2E  time.Duration
+	OutputTokens    int
+	JSONValid       bool // the text parsed as JSON (meaningful when SchemaChecked)
+	SchemaChecked   bool
+	SchemaBroken    bool
+	ToolCallChecked bool
+	ToolCallBroken  bool
+	Problems        []string
+}
+
+// PairResult is the comparison of a candidate answer against the primary's.
+// Deltas are candidate minus primary. Similarity is RougeL of the answers'
+// texts with tool calls appended, and is valid only when both sides are OK
+// (SimilarityValid).
+type PairResult struct {
+	StatusMatch, ErrorClassMatch, FinishMatch bool
+	TTFTDelta, ITLDelta, E2EDelta             time.Duration
+	TokenDelta                                int
+	Similarity                                float64
+	SimilarityValid                           bool
+	// ToolNamesMatch: the multisets of called function names are equal.
+	ToolNamesMatch     bool
+	Primary, Candidate SideResult
+	// Notes holds problems of the request itself, such as a schema that does
+	// not compile (the affected checks are then not made).
+	Notes []string
+}
+
+// Compare compares candidate against primary for req, using the package's
+// shared schema cache.
+func Compare(req Request, primary, candidate Answer) PairResult {
+	return defaultCache.Compare(req, primary, candidate)
+}
+
+// Compare compares candidate against primary for req, compiling schemas
+// through c.
+func (c *SchemaCache) Compare(req Request, primary, candidate Answer) PairResult {
+	r := PairResult{
+		StatusMatch:     primary.Status == candidate.Status,
+		ErrorClassMatch: primary.ErrorClass == candidate.ErrorClass,
+		FinishMatch:     primary.FinishReason == candidate.FinishReason,
+		TTFTDelta:       candidate.TTFT - primary.TTFT,
+		ITLDelta:        candidate.ITL - primary.ITL,
+		E2EDelta:        candidate.E2E - primary.E2E,
+		TokenDelta:      candidate.OutputTokens - primary.OutputTokens,
+		ToolNamesMatch:  sameNames(primary.ToolCalls, candidate.ToolCalls),
+	}
+	if primary.OK() && candidate.OK() {
+		r.Similarity, r.SimilarityValid = RougeL(render(candidate), render(primary)), true
+	}
+	var notes []string
+	note := func(s string) {
+		for _, n := range notes {
+			if n == s {
+				return
+			}
+		}
+		notes = append(notes, s)
+	}
+	r.Primary = c.side(req, primary, candidate, false, note)
+	r.Candidate = c.side(req, candidate, primary, true, note)
+	r.Notes = notes
+	return r
+}
+
+// side checks answer a; other is the opposite side. The candidate (isCand)
+// is also broken when its called names differ from the primary's.
+func (c *SchemaCache) side(req Request, a, other Answer, isCand bool, note func(string)) SideResult {
+	s := SideResult{OK: a.OK(), TTFT: a.TTFT, ITL: a.ITL, E2E: a.E2E, OutputTokens: a.OutputTokens}
+	if !s.OK {
+		return s
+	}
+	s.AbnormalFinish = a.AbnormalFinish()
+	broke := func(b *bool, format string, args ...any) {
+		*b = true
+		s.Problems = append(s.Problems, fmt.Sprintf(format, args...))
+	}
+	// Response format: checked when JSON was asked for and the answer is text.
+	if (req.ResponseFormat == FormatJSONObject || req.ResponseFormat == FormatJSONSchema) && len(a.ToolCalls) == 0 {
+		var sch *jsonschema.Schema
+		ok := true
+		if req.ResponseFormat == FormatJSONSchema {
+			var err error
+			if sch, err = c.Get(unwrapSchema(req.Schema)); err != nil {
+				note("response schema: " + err.Error())
+				ok = false
+			}
+		}
+		if ok {
+			s.SchemaChecked = true
+			v, err := decode(a.Text)
+			switch {
+			case err != nil:
+				broke(&s.SchemaBroken, "text is not JSON: %v", err)
+			case req.ResponseFormat == FormatJSONObject:
+				s.JSONValid = true
+				if _, isObj := v.(map[string]any); !isObj {
+					broke(&s.SchemaBroken, "text is JSON but not an object")
+				}
+			default:
+				s.JSONValid = true
+				if err := sch.Validate(v); err != nil {
+					broke(&s.SchemaBroken, "text does not conform to the schema: %v", oneLine(err))
+				}
+			}
+		}
+	}
+	// Tool calls: checked when tools were declared and either side called one.
+	if len(req.Tools) > 0 && (len(a.ToolCalls) > 0 || len(other.ToolCalls) > 0) {
+		s.ToolCallChecked = true
+		if isCand && !sameNames(other.ToolCalls, a.ToolCalls) {
+			broke(&s.ToolCallBroken, "called %v, primary called %v", names(a.ToolCalls), names(other.ToolCalls))
+		}
+		for _, tc := range a.ToolCalls {
+			t, found := findTool(req.Tools, tc.Name)
+			if !found {
+				broke(&s.ToolCallBroken, "call of undeclared function %q", tc.Name)
+				continue
+			}
+			args := tc.Arguments
+			if strings.TrimSpace(args) == "" {
+				args = "{}"
+			}
+			v, err := decode(args)
+			if err != nil {
+				broke(&s.ToolCallBroken, "%s: arguments are not JSON: %v", tc.Name, err)
+				continue
+			}
+			if len(bytes.TrimSpace(t.Parameters)) == 0 {
+				continue
+			}
+			sch, err := c.Get(t.Parameters)
+			if err != nil {
+				note(fmt.Sprintf("tool %s parameters: %v", tc.Name, err))
+				continue
+			}
+			if err := sch.Validate(v); err != nil {
+				broke(&s.ToolCallBroken, "%s: arguments do not validate: %v", tc.Name, oneLine(err))
+			}
+		}
+	}
+	return s
+}
+
+func findTool(tools []Tool, name string) (Tool, bool) {
+	for _, t := range tools {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Tool{}, false
+}
+
+func names(calls []ToolCall) []string {
+	out := make([]string, len(calls))
+	for i, c := range calls {
+		out[i] = c.Name
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sameNames(a, b []ToolCall) bool {
+	x, y := names(a), names(b)
+	if len(x) != len(y) {
+		return false
+	}
+	for i := range x {
+		if x[i] != y[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// render is the text similarity is computed on: the text, then each tool
+// call's name and arguments.
+func render(a Answer) string {
+	if len(a.ToolCalls) == 0 {
+		return a.Text
+	}
+	var b strings.Builder
+	b.WriteString(a.Text)
+	for _, c := range a.ToolCalls {
+		b.WriteString(" ")
+		b.WriteString(c.Name)
+		b.WriteString(" ")
+		b.WriteString(c.Arguments)
+	}
+	return b.String()
+}
+
+func decode(s string) (any, error) {
+	return jsonschema.UnmarshalJSON(strings.NewReader(s))
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// unwrapSchema returns the inner schema of an OpenAI json_schema wrapper
+// ({"name":…,"schema":{…}}), or raw itself.
+func unwrapSchema(raw json.RawMessage) json.RawMessage {
+	var w struct {
+		Name   *string         `json:"name"`
+		Schema json.RawMessage `json:"schema"`
+		Type   json.RawMessage `json:"type"`
+		Props  json.RawMessage `json:"properties"`
+	}
+	if json.Unmarshal(raw, &w) == nil && w.Name != nil && len(w.Schema) > 0 && w.Type == nil && w.Props == nil {
+		return w.Schema
+	}
+	return raw
+}
+
+// DefaultSchemaCacheSize bounds the package's shared schema cache.
+const DefaultSchemaCacheSize = 256
+
+var defaultCache = NewSchemaCache(DefaultSchemaCacheSize)
+
+// SchemaCache compiles JSON Schemas once per distinct schema text (keyed by
+// the SHA-256 of the bytes), holding at most max entries; when full, the
+// oldest entry is evicted. Compile errors are cached too. It is safe for
+// concurrent use.
+type SchemaCache struct {
+	mu    sync.Mutex
+	max   int
+	m     map[[32]byte]schemaEntry
+	order [][32]byte
+}
+
+type schemaEntry struct {
+	s   *jsonschema.Schema
+	err error
+}
+
+// NewSchemaCache returns a cache of at most max schemas (at least 1).
+func NewSchemaCache(max int) *SchemaCache {
+	if max < 1 {
+		max = 1
+	}
+	return &SchemaCache{max: max, m: make(map[[32]byte]schemaEntry)}
+}
+
+// Len returns the number of cached schemas.
+func (c *SchemaCache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
+}
+
+// Get returns the compiled schema of raw. Remote references are not loaded.
+func (c *SchemaCache) Get(raw json.RawMessage) (*jsonschema.Schema, error) {
+	key := sha256.Sum256(raw)
+	c.mu.Lock()
+	e, ok := c.m[key]
+	c.mu.Unlock()
+	if ok {
+		return e.s, e.err
+	}
+	e.s, e.err = compileSchema(raw)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[key]; !ok {
+		for len(c.order) >= c.max {
+			delete(c.m, c.order[0])
+			c.order = c.order[1:]
+		}
+		c.m[key] = e
+		c.order = append(c.order, key)
+	}
+	return e.s, e.err
+}
+
+func compileSchema(raw json.RawMessage) (*jsonschema.Schema, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, errors.New("empty schema")
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("schema is not JSON: %w", err)
+	}
+	const loc = "mem://shadow/schema.json"
+	comp := jsonschema.NewCompiler()
+	comp.UseLoader(jsonschema.SchemeURLLoader{}) // no file or network access
+	if err := comp.AddResource(loc, doc); err != nil {
+		return nil, err
+	}
+	s, err := comp.Compile(loc)
+	if err != nil {
+		return nil, fmt.Errorf("schema does not compile: %s", oneLine(err))
+	}
+	return s, nil
+}
+
+// chatMessage and chatToolCall are the parts of an OpenAI chat completion
+// (or of a streamed chunk's delta) that answers are built from.
+type chatToolCall struct {
+	Index    *int `json:"index"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+type chatMessage struct {
+	Content   *string        `json:"content"`
+	ToolCalls []chatToolCall `json:"tool_calls"`
+}
+
+type chatBody struct {
+	Choices []struct {
+		Index        int         `json:"index"`
+		Message      chatMessage `json:"message"`
+		Delta        chatMessage `json:"delta"`
+		FinishReason *string     `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// AnswerFromChat builds an Answer from a non-streaming chat completion body:
+// the first choice's content, tool calls and finish_reason, and
+// usage.completion_tokens. Status and latencies are left for the caller. A
+// body with an "error" object gives ErrorClass "upstream_error".
+func AnswerFromChat(body []byte) (Answer, error) {
+	var b chatBody
+	if err := json.Unmarshal(body, &b); err != nil {
+		return Answer{}, fmt.Errorf("shadow: chat completion: %w", err)
+	}
+	var a Answer
+	if isError(b.Error) {
+		a.ErrorClass = "upstream_error"
+		return a, nil
+	}
+	if b.Usage != nil {
+		a.OutputTokens = b.Usage.CompletionTokens
+	}
+	for _, c := range b.Choices {
+		if c.Index != 0 {
+			continue
+		}
+		if c.Message.Content != nil {
+			a.Text = *c.Message.Content
+		}
+		for _, tc := range c.Message.ToolCalls {
+			a.ToolCalls = append(a.ToolCalls, ToolCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+		}
+		if c.FinishReason != nil {
+			a.FinishReason = *c.FinishReason
+		}
+		break
+	}
+	return a, nil
+}
+
+func isError(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && !bytes.Equal(t, []byte("null"))
+}
+
+// AnswerFromSSE assembles an Answer from a streamed chat completion (the raw
+// server-sent events): the first choice's content deltas concatenated, tool
+// call fragments joined by their index (name and arguments appended), the
+// last finish_reason and usage.completion_tokens when present. It stops at
+// "data: [DONE]". An event with an "error" object gives ErrorClass
+// "stream_error". Status and latencies are left for the caller; an
+// undecodable event is an error.
+func AnswerFromSSE(stream []byte) (Answer, error) {
+	var a Answer
+	var text strings.Builder
+	type frag struct{ name, args strings.Builder }
+	var calls []*frag
+	byIndex := map[int]*frag{}
+	sc := bufio.NewScanner(bytes.NewReader(stream))
+	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		data, ok := strings.CutPrefix(line, "data:")
+		if !ok {
+			continue // comments, event:, id:, blank separators
+		}
+		data = strings.TrimSpace(data)
+		if data == "" {
+			continue
+		}
+		if data == "[DONE]" {
+			break
+		}
+		var b chatBody
+		if err := json.Unmarshal([]byte(data), &b); err != nil {
+			return Answer{}, fmt.Errorf("shadow: stream event: %w", err)
+		}
+		if isError(b.Error) {
+			a.ErrorClass = "stream_error"
+			continue
+		}
+		if b.Usage != nil && b.Usage.CompletionTokens > 0 {
+			a.OutputTokens = b.Usage.CompletionTokens
+		}
+		for _, c := range b.Choices {
+			if c.Index != 0 {
+				continue
+			}
+			if c.Delta.Content != nil {
+				text.WriteString(*c.Delta.Content)
+			}
+			for i, tc := range c.Delta.ToolCalls {
+				idx := i
+				if tc.Index != nil {
+					idx = *tc.Index
+				}
+				f := byIndex[idx]
+				if f == nil {
+					f = &frag{}
+					byIndex[idx] = f
+					calls = append(calls, f)
+				}
+				f.name.WriteString(tc.Function.Name)
+				f.args.WriteString(tc.Function.Arguments)
+			}
+			if c.FinishReason != nil && *c.FinishReason != "" {
+				a.FinishReason = *c.FinishReason
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return Answer{}, fmt.Errorf("shadow: stream: %w", err)
+	}
+	a.Text = text.String()
+	for _, f := range calls {
+		a.ToolCalls = append(a.ToolCalls, ToolCall{Name: f.name.String(), Arguments: f.args.String()})
+	}
+	return a, nil
+}
+
+// DefaultWindow is the default number of pairs an Accumulator keeps.
+const DefaultWindow = 10000
+
+// Per-side flags of a pair kept in the Accumulator's window.
+const (
+	flagRequest uint8 = 1 << iota
+	flagError
+	flagAbnormal
+	flagSchemaChecked
+	flagSchemaBroken
+	flagToolChecked
+	flagToolBroken
+)
+
+// ring keeps the last len(buf) values appended.
+type ring[T any] struct {
+	buf  []T
+	next int
+	full bool
+}
+
+func newRing[T any](n int) ring[T] { return ring[T]{buf: make([]T, n)} }
+
+func (r *ring[T]) add(v T) {
+	r.buf[r.next] = v
+	r.next++
+	if r.next == len(r.buf) {
+		r.next, r.full = 0, true
+	}
+}
+
+// values returns a copy of the kept values, in no particular order.
+func (r *ring[T]) values() []T {
+	n := r.next
+	if r.full {
+		n = len(r.buf)
+	}
+	return append([]T(nil), r.buf[:n]...)
+}
+
+// Accumulator collects PairResults and replica comparisons into the Input of
+// Evaluate. It keeps the last Window values of each latency and similarity
+// metric and the flags of the last Window pairs (so counts and samples cover
+// recent traffic). Latencies are in milliseconds and taken from OK answers
+// only; zero latencies are not recorded. It is safe for concurrent use.
+type Accumulator struct {
+	mu                sync.Mutex
+	pTTFT, pITL, pE2E ring[float64]
+	cTTFT, cITL, cE2E ring[float64]
+	sim, noise        ring[float64]
+	flags             ring[[2]uint8] // primary, candidate
+	pairs, replicas   int64
+}
+
+// NewAccumulator returns an accumulator keeping window values per metric
+// (DefaultWindow when window ≤ 0).
+func NewAccumulator(window int) *Accumulator {
+	if window <= 0 {
+		window = DefaultWindow
+	}
+	a := &Accumulator{}
+	for _, r := range []*ring[float64]{&a.pTTFT, &a.pITL, &a.pE2E, &a.cTTFT, &a.cITL, &a.cE2E, &a.sim, &a.noise} {
+		*r = newRing[float64](window)
+	}
+	a.flags = newRing[[2]uint8](window)
+	return a
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func addLatency(r *ring[float64], d time.Duration) {
+	if d > 0 {
+		r.add(ms(d))
+	}
+}
+
+func sideFlags(s SideResult) uint8 {
+	f := flagRequest
+	set := func(cond bool, bit uint8) {
+		if cond {
+			f |= bit
+		}
+	}
+	set(!s.OK, flagError)
+	set(s.AbnormalFinish, flagAbnormal)
+	set(s.SchemaChecked, flagSchemaChecked)
+	set(s.SchemaBroken, flagSchemaBroken)
+	set(s.ToolCallChecked, flagToolChecked)
+	set(s.ToolCallBroken, flagToolBroken)
+	return f
+}
+
+// Add records one compared pair.
+func (a *Accumulator) Add(r PairResult) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pairs++
+	a.flags.add([2]uint8{sideFlags(r.Primary), sideFlags(r.Candidate)})
+	if r.Primary.OK {
+		addLatency(&a.pTTFT, r.Primary.TTFT)
+		addLatency(&a.pITL, r.Primary.ITL)
+		addLatency(&a.pE2E, r.Primary.E2E)
+	}
+	if r.Candidate.OK {
+		addLatency(&a.cTTFT, r.Candidate.TTFT)
+		addLatency(&a.cITL, r.Candidate.ITL)
+		addLatency(&a.cE2E, r.Candidate.E2E)
+	}
+	if r.SimilarityValid {
+		a.sim.add(r.Similarity)
+	}
+}
+
+// AddReplica records the similarity of a replica answer (the same request
+// sent to the primary cluster again) to the primary's, the noise floor. Pairs
+// where either side failed are ignored.
+func (a *Accumulator) AddReplica(primary, replica Answer) {
+	if !primary.OK() || !replica.OK() {
+		return
+	}
+	s := RougeL(render(replica), render(primary))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.replicas++
+	a.noise.add(s)
+}
+
+// Counts returns how many pairs and replica comparisons were ever added.
+func (a *Accumulator) Counts() (pairs, replicas int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pairs, a.replicas
+}
+
+// Input returns a snapshot of the accumulated data for Evaluate.
+func (a *Accumulator) Input() Input {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	in := Input{
+		Primary:             Arm{TTFT: a.pTTFT.values(), ITL: a.pITL.values(), E2E: a.pE2E.values()},
+		Candidate:           Arm{TTFT: a.cTTFT.values(), ITL: a.cITL.values(), E2E: a.cE2E.values()},
+		CandidateSimilarity: a.sim.values(),
+		NoiseFloor:          a.noise.values(),
+	}
+	for _, f := range a.flags.values() {
+		count(&in.Primary, f[0])
+		count(&in.Candidate, f[1])
+	}
+	return in
+}
+
+func count(arm *Arm, f uint8) {
+	b := func(bit uint8) int {
+		if f&bit != 0 {
+			return 1
+		}
+		return 0
+	}
+	arm.Requests += b(flagRequest)
+	arm.Errors += b(flagError)
+	arm.AbnormalFinish += b(flagAbnormal)
+	arm.SchemaChecked += b(flagSchemaChecked)
+	arm.SchemaBroken += b(flagSchemaBroken)
+	arm.ToolCallChecked += b(flagToolChecked)
+	arm.ToolCallBroken += b(flagToolBroken)
+}

@@ -1,0 +1,310 @@
+package shadow
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var weatherTool = Tool{Name: "get_weather", Parameters: json.RawMessage(`{
+	"type": "object",
+	"properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+	"required": ["city"]
+}`)}
+
+var timeTool = Tool{Name: "get_time", Parameters: json.RawMessage(`{"type":"object","properties":{"tz":{"type":"string"}}}`)}
+
+const personSchema = `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]}`
+
+func ans(text string, calls ...ToolCall) Answer {
+	fr := "stop"
+	if len(calls) > 0 {
+		fr = "tool_calls"
+	}
+	return Answer{Status: 200, TTFT: 100 * time.Millisecond, ITL: 20 * time.Millisecond, E2E: time.Second,
+		OutputTokens: 40, FinishReason: fr, Text: text, ToolCalls: calls}
+}
+
+func TestCompare(t *testing.T) {
+	tools := []Tool{weatherTool, timeTool}
+	good := ToolCall{Name: "get_weather", Arguments: `{"city":"Oslo","unit":"c"}`}
+	tests := []struct {
+		name       string
+		req        Request
+		p, c       Answer
+		simOne     bool
+		pSchema    [2]bool // checked, broken
+		cSchema    [2]bool
+		pTool      [2]bool
+		cTool      [2]bool
+		namesMatch bool
+	}{
+		{name: "identical text", req: Request{}, p: ans("the quick brown fox"), c: ans("the quick brown fox"),
+			simOne: true, namesMatch: true},
+		{name: "identical tool calls", req: Request{Tools: tools}, p: ans("", good), c: ans("", good),
+			simOne: true, pTool: [2]bool{true, false}, cTool: [2]bool{true, false}, namesMatch: true},
+		{name: "dropped required argument", req: Request{Tools: tools}, p: ans("", good),
+			c:     ans("", ToolCall{Name: "get_weather", Arguments: `{"unit":"c"}`}),
+			pTool: [2]bool{true, false}, cTool: [2]bool{true, true}, namesMatch: true},
+		{name: "wrong declared function name", req: Request{Tools: tools}, p: ans("", good),
+			c:     ans("", ToolCall{Name: "get_time", Arguments: `{}`}),
+			pTool: [2]bool{true, false}, cTool: [2]bool{true, true}},
+		{name: "undeclared function", req: Request{Tools: tools}, p: ans("", good),
+			c:     ans("", ToolCall{Name: "get_wether", Arguments: `{"city":"Oslo"}`}),
+			pTool: [2]bool{true, false}, cTool: [2]bool{true, true}},
+		{name: "dropped tool call", req: Request{Tools: tools}, p: ans("", good), c: ans("It is sunny."),
+			pTool: [2]bool{true, false}, cTool: [2]bool{true, true}},
+		{name: "arguments not JSON", req: Request{Tools: tools}, p: ans("", good),
+			c:     ans("", ToolCall{Name: "get_weather", Arguments: `{"city":"Oslo"`}),
+			pTool: [2]bool{true, false}, cTool: [2]bool{true, true}, namesMatch: true},
+		{name: "order-insensitive names", req: Request{Tools: tools},
+			p:     ans("", good, ToolCall{Name: "get_time", Arguments: ``}),
+			c:     ans("", ToolCall{Name: "get_time", Arguments: `{"tz":"UTC"}`}, good),
+			pTool: [2]bool{true, false}, cTool: [2]bool{true, false}, namesMatch: true},
+		{name: "schema conforms", req: Request{ResponseFormat: FormatJSONSchema, Schema: json.RawMessage(personSchema)},
+			p: ans(`{"name":"Ada","age":36}`), c: ans(`{"name":"Ada","age":36}`), simOne: true,
+			pSchema: [2]bool{true, false}, cSchema: [2]bool{true, false}, namesMatch: true},
+		{name: "schema missing required field (OpenAI wrapper)",
+			req: Request{ResponseFormat: FormatJSONSchema, Schema: json.RawMessage(`{"name":"person","strict":true,"schema":` + personSchema + `}`)},
+			p:   ans(`{"name":"Ada","age":36}`), c: ans(`{"name":"Ada"}`),
+			pSchema: [2]bool{true, false}, cSchema: [2]bool{true, true}, namesMatch: true},
+		{name: "json_object invalid", req: Request{ResponseFormat: FormatJSONObject},
+			p: ans(`{"a":1}`), c: ans(`{"a":1,}`),
+			pSchema: [2]bool{true, false}, cSchema: [2]bool{true, true}, namesMatch: true},
+		{name: "json_object not an object", req: Request{ResponseFormat: FormatJSONObject},
+			p: ans(`{"a":1}`), c: ans(`[1]`),
+			pSchema: [2]bool{true, false}, cSchema: [2]bool{true, true}, namesMatch: true},
+		{name: "text format not checked", req: Request{ResponseFormat: FormatText},
+			p: ans(`{"a":1}`), c: ans(`not json`), namesMatch: true},
+		{name: "errored candidate not checked", req: Request{ResponseFormat: FormatJSONObject, Tools: tools},
+			p: ans(`{"a":1}`), c: Answer{Status: 503, ErrorClass: "upstream_5xx"},
+			pSchema: [2]bool{true, false}, namesMatch: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := Compare(tt.req, tt.p, tt.c)
+			if tt.simOne && r.Similarity != 1 {
+				t.Errorf("similarity = %v, want 1", r.Similarity)
+			}
+			check := func(what string, got, want [2]bool) {
+				if got != want {
+					t.Errorf("%s checked/broken = %v, want %v (problems p=%q c=%q notes=%q)",
+						what, got, want, r.Primary.Problems, r.Candidate.Problems, r.Notes)
+				}
+			}
+			check("primary schema", [2]bool{r.Primary.SchemaChecked, r.Primary.SchemaBroken}, tt.pSchema)
+			check("candidate schema", [2]bool{r.Candidate.SchemaChecked, r.Candidate.SchemaBroken}, tt.cSchema)
+			check("primary tool", [2]bool{r.Primary.ToolCallChecked, r.Primary.ToolCallBroken}, tt.pTool)
+			check("candidate tool", [2]bool{r.Candidate.ToolCallChecked, r.Candidate.ToolCallBroken}, tt.cTool)
+			if r.ToolNamesMatch != tt.namesMatch {
+				t.Errorf("ToolNamesMatch = %v, want %v", r.ToolNamesMatch, tt.namesMatch)
+			}
+			if len(r.Notes) > 0 {
+				t.Errorf("unexpected notes %q", r.Notes)
+			}
+		})
+	}
+}
+
+func TestCompareDeltas(t *testing.T) {
+	p, c := ans("a b c d"), ans("a b x d")
+	c.Status, c.TTFT, c.E2E, c.OutputTokens, c.FinishReason = 200, 150*time.Millisecond, 2*time.Second, 50, "length"
+	r := Compare(Request{}, p, c)
+	if !r.StatusMatch || !r.ErrorClassMatch || r.FinishMatch {
+		t.Errorf("matches = %v %v %v", r.StatusMatch, r.ErrorClassMatch, r.FinishMatch)
+	}
+	if r.TTFTDelta != 50*time.Millisecond || r.E2EDelta != time.Second || r.ITLDelta != 0 || r.TokenDelta != 10 {
+		t.Errorf("deltas = %v %v %v %v", r.TTFTDelta, r.E2EDelta, r.ITLDelta, r.TokenDelta)
+	}
+	if want := RougeL("a b x d", "a b c d"); r.Similarity != want || !r.SimilarityValid {
+		t.Errorf("similarity = %v, want %v", r.Similarity, want)
+	}
+	if !r.Candidate.AbnormalFinish || r.Primary.AbnormalFinish {
+		t.Errorf("abnormal finish p=%v c=%v", r.Primary.AbnormalFinish, r.Candidate.AbnormalFinish)
+	}
+}
+
+func TestCompareBadSchemaIsNote(t *testing.T) {
+	r := Compare(Request{ResponseFormat: FormatJSONSchema, Schema: json.RawMessage(`{"type": 5}`)}, ans(`{}`), ans(`{}`))
+	if r.Candidate.SchemaChecked || len(r.Notes) != 1 {
+		t.Errorf("checked=%v notes=%q", r.Candidate.SchemaChecked, r.Notes)
+	}
+}
+
+func TestSchemaCacheBounded(t *testing.T) {
+	c := NewSchemaCache(3)
+	for i := 0; i < 10; i++ {
+		for range 2 {
+			if _, err := c.Get(json.RawMessage(fmt.Sprintf(`{"maxLength": %d}`, i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if c.Len() != 3 {
+		t.Errorf("len = %d, want 3", c.Len())
+	}
+	a, _ := c.Get(json.RawMessage(`{"maxLength": 9}`))
+	b, _ := c.Get(json.RawMessage(`{"maxLength": 9}`))
+	if a != b {
+		t.Error("schema compiled twice")
+	}
+}
+
+// A vLLM-style stream: role chunk, tool call name then argument fragments
+// for two calls, finish_reason, usage chunk, [DONE].
+const vllmStream = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"id":"chatcmpl-tool-a","type":"function","index":0,"function":{"name":"get_weather"}}]},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\": "}}]},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Oslo\"}"}}]},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"id":"chatcmpl-tool-b","type":"function","index":1,"function":{"name":"get_time","arguments":""}}]},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"tz\": \"CET\"}"}}]},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":""},"finish_reason":"tool_calls","stop_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":120,"total_tokens":151,"completion_tokens":31}}
+
+data: [DONE]
+
+`
+
+func TestAnswerFromSSE(t *testing.T) {
+	for _, nl := range []string{"\n", "\r\n"} {
+		a, err := AnswerFromSSE([]byte(strings.ReplaceAll(vllmStream, "\n", nl)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []ToolCall{{"get_weather", `{"city": "Oslo"}`}, {"get_time", `{"tz": "CET"}`}}
+		if fmt.Sprint(a.ToolCalls) != fmt.Sprint(want) || a.FinishReason != "tool_calls" || a.OutputTokens != 31 || a.Text != "" {
+			t.Errorf("got %+v", a)
+		}
+		r := Compare(Request{Tools: []Tool{weatherTool, timeTool}}, a, a)
+		if r.Candidate.ToolCallBroken || !r.Candidate.ToolCallChecked {
+			t.Errorf("assembled calls broken: %q", r.Candidate.Problems)
+		}
+	}
+	text := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n" +
+		"data:{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\n" +
+		": keep-alive\n\ndata: [DONE]\n\n"
+	a, err := AnswerFromSSE([]byte(text))
+	if err != nil || a.Text != "Hello" || a.FinishReason != "stop" {
+		t.Errorf("got %+v, %v", a, err)
+	}
+	a, err = AnswerFromSSE([]byte("data: {\"error\":{\"message\":\"boom\"}}\n\n"))
+	if err != nil || a.ErrorClass != "stream_error" || a.OK() {
+		t.Errorf("error event: %+v, %v", a, err)
+	}
+	if _, err := AnswerFromSSE([]byte("data: {oops\n\n")); err == nil {
+		t.Error("bad event accepted")
+	}
+}
+
+func TestAnswerFromChat(t *testing.T) {
+	body := `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"x","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Oslo\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"completion_tokens":12}}`
+	a, err := AnswerFromChat([]byte(body))
+	if err != nil || len(a.ToolCalls) != 1 || a.ToolCalls[0].Name != "get_weather" || a.ToolCalls[0].Arguments != `{"city":"Oslo"}` ||
+		a.FinishReason != "tool_calls" || a.OutputTokens != 12 {
+		t.Errorf("got %+v, %v", a, err)
+	}
+	a, err = AnswerFromChat([]byte(`{"choices":[{"index":0,"message":{"content":"hi"},"finish_reason":"stop"}]}`))
+	if err != nil || a.Text != "hi" {
+		t.Errorf("got %+v, %v", a, err)
+	}
+	if a, err = AnswerFromChat([]byte(`{"error":{"message":"x"}}`)); err != nil || a.OK() {
+		t.Errorf("error body: %+v, %v", a, err)
+	}
+	if _, err := AnswerFromChat([]byte(`nope`)); err == nil {
+		t.Error("bad body accepted")
+	}
+}
+
+// jitter returns an answer whose latencies vary with i, the same for both
+// arms of identical pairs.
+func jitter(a Answer, i int) Answer {
+	d := time.Duration(i%17) * time.Millisecond
+	a.TTFT += d
+	a.ITL += d / 4
+	a.E2E += 3 * d
+	return a
+}
+
+func TestAccumulatorVerdict(t *testing.T) {
+	tools := []Tool{weatherTool}
+	good := ToolCall{Name: "get_weather", Arguments: `{"city":"Oslo"}`}
+	t.Run("broken tool calls roll back", func(t *testing.T) {
+		acc := NewAccumulator(0)
+		for i := range 100 {
+			p := jitter(ans("", good), i)
+			c := jitter(ans("", ToolCall{Name: "get_weather", Arguments: `{}`}), i)
+			acc.Add(Compare(Request{Tools: tools}, p, c))
+		}
+		in := acc.Input()
+		if in.Candidate.ToolCallBroken != 100 || in.Primary.ToolCallBroken != 0 || in.Candidate.ToolCallChecked != 100 {
+			t.Fatalf("counts %+v", in.Candidate)
+		}
+		v, err := Evaluate(Config{}, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Decision != Rollback || !strings.Contains(v.Reason, "critical") || !strings.Contains(v.Reason, MetricToolBreakage) {
+			t.Errorf("verdict %s: %s", v.Decision, v.Reason)
+		}
+	})
+	t.Run("identical pairs promote", func(t *testing.T) {
+		acc := NewAccumulator(0)
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w * 25; i < (w+1)*25; i++ {
+					p := jitter(ans(fmt.Sprintf("answer number %d is sunny in Oslo", i)), i)
+					acc.Add(Compare(Request{}, p, p))
+					acc.AddReplica(p, p)
+				}
+			}()
+		}
+		wg.Wait()
+		if pairs, reps := acc.Counts(); pairs != 100 || reps != 100 {
+			t.Fatalf("counts %d %d", pairs, reps)
+		}
+		v, err := Evaluate(Config{}, acc.Input())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Decision != Promote {
+			t.Errorf("verdict %s: %s", v.Decision, v.Reason)
+		}
+	})
+	t.Run("window bounds samples", func(t *testing.T) {
+		acc := NewAccumulator(10)
+		for i := range 25 {
+			acc.Add(Compare(Request{}, jitter(ans("x"), i), jitter(ans("x"), i)))
+		}
+		in := acc.Input()
+		if len(in.Primary.TTFT) != 10 || len(in.CandidateSimilarity) != 10 || in.Primary.Requests != 10 {
+			t.Errorf("window: %d %d %d", len(in.Primary.TTFT), len(in.CandidateSimilarity), in.Primary.Requests)
+		}
+	})
+}
+
+func TestSchemaDraftAndLocalRef(t *testing.T) {
+	s := `{"$schema":"http://json-schema.org/draft-07/schema#","definitions":{"n":{"type":"string"}},
+		"type":"object","properties":{"name":{"$ref":"#/definitions/n"}},"required":["name"]}`
+	req := Request{ResponseFormat: FormatJSONSchema, Schema: json.RawMessage(s)}
+	r := Compare(req, ans(`{"name":"a"}`), ans(`{"name":5}`))
+	if len(r.Notes) > 0 || r.Primary.SchemaBroken || !r.Candidate.SchemaBroken {
+		t.Errorf("notes=%q p=%v c=%v", r.Notes, r.Primary.Problems, r.Candidate.Problems)
+	}
+	req.Schema = json.RawMessage(`{"$ref":"https://example.com/remote.json"}`)
+	if r := Compare(req, ans(`{}`), ans(`{}`)); len(r.Notes) != 1 || r.Candidate.SchemaChecked {
+		t.Errorf("remote ref: notes=%q", r.Notes)
+	}
+}
