@@ -294,14 +294,7 @@ func latency(cfg Config, name string, p, c []float64) Evidence {
 		e.Effect = math.Inf(1)
 	}
 	worse := e.Effect > cfg.MaxRegression
-	switch {
-	case worse && r.P < cfg.Alpha:
-		e.Verdict = Regression
-	case worse:
-		e.Verdict = Inconclusive
-	default:
-		e.Verdict = Pass
-	}
+	e.Verdict = judge(worse, r.P, cfg.Alpha)
 	return e
 }
 
@@ -364,15 +357,21 @@ func similarity(cfg Config, noise, cand []float64) Evidence {
 	e.Statistic, e.Z, e.P = r.U, r.Z, r.P
 	e.Effect = e.Primary - e.Cand
 	worse := e.Effect > cfg.SimilarityMargin
-	switch {
-	case worse && r.P < cfg.Alpha:
-		e.Verdict = Regression
-	case worse:
-		e.Verdict = Inconclusive
-	default:
-		e.Verdict = Pass
-	}
+	e.Verdict = judge(worse, r.P, cfg.Alpha)
 	return e
+}
+
+// judge is a metric's verdict: worse beyond its bound and significant is a regression, worse
+// but not significant is inconclusive, otherwise it passes.
+func judge(worse bool, p, alpha float64) MetricVerdict {
+	switch {
+	case worse && p < alpha:
+		return Regression
+	case worse:
+		return Inconclusive
+	default:
+		return Pass
+	}
 }
 
 // smallExpected reports whether any expected cell count of the 2×2 table is

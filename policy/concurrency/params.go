@@ -63,21 +63,6 @@ func Defaults() Params { return Params{}.WithDefaults() }
 
 // WithDefaults returns p with its zero fields set to their defaults.
 func (p Params) WithDefaults() Params {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defF := func(v *float64, d float64) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defD := func(v *policy.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = policy.Duration(d)
-		}
-	}
 	if p.Adaptive == nil {
 		t := true
 		p.Adaptive = &t
@@ -86,24 +71,24 @@ func (p Params) WithDefaults() Params {
 		p.MaxLimit = p.Max
 	}
 	p.Max = 0
-	def(&p.MinLimit, 4)
-	def(&p.MaxLimit, 256)
-	def(&p.InitialLimit, 16)
+	policy.Default(&p.MinLimit, 4)
+	policy.Default(&p.MaxLimit, 256)
+	policy.Default(&p.InitialLimit, 16)
 	p.InitialLimit = min(max(p.InitialLimit, p.MinLimit), p.MaxLimit)
-	defD(&p.SampleWindow, time.Second)
-	def(&p.MinSamples, 10)
-	defF(&p.Percentile, 0.9)
-	defD(&p.MinRTT, 30*time.Second)
-	defF(&p.Tolerance, 0.5)
-	defF(&p.MinGradient, 0.5)
-	defF(&p.MaxGradient, 1)
-	defF(&p.Smoothing, 0.2)
-	defF(&p.KVHigh, 0.9)
-	def(&p.MaxQueue, 128)
+	policy.Default(&p.SampleWindow, policy.Duration(time.Second))
+	policy.Default(&p.MinSamples, 10)
+	policy.Default(&p.Percentile, 0.9)
+	policy.Default(&p.MinRTT, policy.Duration(30*time.Second))
+	policy.Default(&p.Tolerance, 0.5)
+	policy.Default(&p.MinGradient, 0.5)
+	policy.Default(&p.MaxGradient, 1)
+	policy.Default(&p.Smoothing, 0.2)
+	policy.Default(&p.KVHigh, 0.9)
+	policy.Default(&p.MaxQueue, 128)
 	if p.MaxQueue < 0 {
 		p.MaxQueue = 0
 	}
-	defD(&p.MaxWait, 5*time.Second)
+	policy.Default(&p.MaxWait, policy.Duration(5*time.Second))
 	return p
 }
 

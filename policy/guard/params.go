@@ -132,43 +132,28 @@ func Defaults() Params { return Params{}.WithDefaults() }
 
 // WithDefaults returns p with its zero fields set to their defaults.
 func (p Params) WithDefaults() Params {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defF := func(v *float64, d float64) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defD := func(v *policy.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = policy.Duration(d)
-		}
-	}
-	def(&p.MaxDepth, 5)
-	def(&p.RepetitionNgram, 8)
-	def(&p.RepetitionMinWords, 200)
-	def(&p.RepetitionSampleBytes, 32<<10)
-	defF(&p.SurgeFactor, 3)
-	defD(&p.SurgeWindow, 5*time.Minute)
-	def(&p.SurgeBuckets, 10)
-	def(&p.SurgeMinRequests, 100)
-	defF(&p.ExactMargin, 0.35)
-	def(&p.ExactConcurrency, 2)
+	policy.Default(&p.MaxDepth, 5)
+	policy.Default(&p.RepetitionNgram, 8)
+	policy.Default(&p.RepetitionMinWords, 200)
+	policy.Default(&p.RepetitionSampleBytes, 32<<10)
+	policy.Default(&p.SurgeFactor, 3)
+	policy.Default(&p.SurgeWindow, policy.Duration(5*time.Minute))
+	policy.Default(&p.SurgeBuckets, 10)
+	policy.Default(&p.SurgeMinRequests, 100)
+	policy.Default(&p.ExactMargin, 0.35)
+	policy.Default(&p.ExactConcurrency, 2)
 	b := &p.Breaker
-	defD(&b.Window, time.Minute)
-	def(&b.Buckets, 10)
-	def(&b.MinRequests, 5)
-	defF(&b.FailureRatio, 0.5)
-	defD(&b.OpenFor, 30*time.Second)
-	def(&b.HalfOpenProbes, 3)
-	def(&b.MaxBreakers, 10000)
+	policy.Default(&b.Window, policy.Duration(time.Minute))
+	policy.Default(&b.Buckets, 10)
+	policy.Default(&b.MinRequests, 5)
+	policy.Default(&b.FailureRatio, 0.5)
+	policy.Default(&b.OpenFor, policy.Duration(30*time.Second))
+	policy.Default(&b.HalfOpenProbes, 3)
+	policy.Default(&b.MaxBreakers, 10000)
 	d := &p.Degrade
-	defF(&d.Level1SurgeFactor, 2)
-	def(&d.ShedBelowPriority, 1)
-	defD(&d.CoolDown, 2*time.Minute)
+	policy.Default(&d.Level1SurgeFactor, 2)
+	policy.Default(&d.ShedBelowPriority, 1)
+	policy.Default(&d.CoolDown, policy.Duration(2*time.Minute))
 	return p
 }
 

@@ -79,6 +79,12 @@ func startGateway(t *testing.T, yaml string, o ...gatewayOpts) *gateway {
 	if err != nil {
 		t.Fatalf("config: %v\n%s", err, yaml)
 	}
+	return serveGateway(t, cfg, opt)
+}
+
+// serveGateway runs a gateway on a built config until the test ends.
+func serveGateway(t *testing.T, cfg *config.Config, opt gatewayOpts) *gateway {
+	t.Helper()
 	logs := &syncBuffer{}
 	srv, err := proxy.New(proxy.Options{
 		Config:        cfg,

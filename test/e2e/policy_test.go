@@ -307,29 +307,7 @@ func TestPolicyTenantIsolation(t *testing.T) {
 // startGatewayConfig is startGateway for a config built in code.
 func startGatewayConfig(t *testing.T, cfg *config.Config) *gateway {
 	t.Helper()
-	logs := &syncBuffer{}
-	srv, err := proxy.New(proxy.Options{
-		Config:  cfg,
-		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Version: "e2e",
-	})
-	if err != nil {
-		t.Fatalf("proxy.New: %v", err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("gateway log:\n%s", logs.String())
-		}
-	})
-	return &gateway{srv: srv, addr: srv.Addr(), admin: srv.AdminAddr(), logs: logs}
+	return serveGateway(t, cfg, gatewayOpts{})
 }
 
 // TestPolicyShapeSignals: the guard's shape and size signals through the gateway, with the
