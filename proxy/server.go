@@ -40,6 +40,9 @@ type Options struct {
 	WatchInterval time.Duration
 	// Chaos turns fault injection on whatever the config says (`sluice serve --chaos`).
 	Chaos bool
+	// AwaitConfig keeps /readyz false after Start until the first Apply (a config pushed by a
+	// control plane); Config is then only the bootstrap (listeners, defaults).
+	AwaitConfig bool
 }
 
 // Server runs the gateway listener and the admin listener.
@@ -52,6 +55,8 @@ type Server struct {
 	reloadMu sync.Mutex
 	draining atomic.Bool
 	ready    atomic.Bool
+	started  atomic.Bool // Start ran
+	applied  atomic.Bool // a config was Applied (AwaitConfig)
 
 	baseCtx    context.Context
 	cancelBase context.CancelCauseFunc
@@ -356,7 +361,10 @@ func (s *Server) Start() error {
 	if err := s.scraper.Start(s.baseCtx); err != nil {
 		s.log.Warn("load signals not started", "err", err)
 	}
-	s.ready.Store(true)
+	s.started.Store(true)
+	if !s.opts.AwaitConfig || s.applied.Load() {
+		s.ready.Store(true)
+	}
 	s.log.Info("sluice listening", "addr", s.Addr(), "admin", s.AdminAddr(), "tls", c.TLS.Enabled(),
 		"config", c.Source, "version", c.Version)
 	return nil
@@ -397,6 +405,31 @@ func (s *Server) reloadLocked() error {
 	if err != nil {
 		return err
 	}
+	return s.applyLocked(c)
+}
+
+// Apply swaps in a config that came from elsewhere than the file (a control plane). It must
+// be finished (defaults applied, validated); it is rejected, with every problem, when it
+// changes what needs a restart, and the old config keeps serving. The first Apply makes a
+// server started with AwaitConfig ready.
+func (s *Server) Apply(c *config.Config) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	err := s.applyLocked(c)
+	s.tel.ConfigReload(context.Background(), err == nil)
+	if err != nil {
+		s.reloadsFailed.Add(1)
+		s.log.Error("config rejected; the previous config keeps serving", "source", c.Source, "err", err)
+		return err
+	}
+	s.applied.Store(true)
+	if s.started.Load() && !s.draining.Load() {
+		s.ready.Store(true)
+	}
+	return nil
+}
+
+func (s *Server) applyLocked(c *config.Config) error {
 	if s.opts.Chaos {
 		c.Chaos.Enabled = true
 	}
@@ -445,7 +478,7 @@ func (s *Server) reloadLocked() error {
 	}
 	retire(old, st)
 	s.tel.SetConfigInfo(c.Version)
-	s.log.Info("config reloaded", "file", s.opts.ConfigPath, "version", c.Version)
+	s.log.Info("config reloaded", "source", c.Source, "version", c.Version)
 	return nil
 }
 

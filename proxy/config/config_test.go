@@ -291,7 +291,7 @@ func collectKeys(t reflect.Type, prefix string, out *[]string) {
 		key := prefix + tag
 		*out = append(*out, key)
 		ft := f.Type
-		if ft.Kind() == reflect.Slice {
+		if ft.Kind() == reflect.Slice || ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
 		}
 		if ft.Kind() == reflect.Struct {

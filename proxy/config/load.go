@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/policy/fault"
+	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
@@ -49,6 +50,13 @@ const (
 	DefaultOutlierMaxEjectionPercent  = 50
 
 	DefaultMaxIdleConnsPerHost = 256
+
+	DefaultMirrorMaxQueue       = 64
+	DefaultMirrorMaxConcurrency = 4
+	DefaultMirrorCaptureBytes   = 1 << 20
+	DefaultShadowInterval       = 10 * time.Second
+	DefaultShadowWindow         = 500
+	DefaultShadowRetention      = 100000
 )
 
 // ValidationError lists every problem found in a config, each prefixed with its path.
@@ -234,7 +242,46 @@ func (c *Config) applyDefaults() {
 		if r.Match.PathPrefix == "" {
 			r.Match.PathPrefix = "/"
 		}
+		if m := r.Mirror; m != nil {
+			m2 := *m // the YAML decoder may share nothing, but a Config is never edited in place
+			if m2.MaxQueue == 0 {
+				m2.MaxQueue = DefaultMirrorMaxQueue
+			}
+			if m2.MaxConcurrency == 0 {
+				m2.MaxConcurrency = DefaultMirrorMaxConcurrency
+			}
+			if m2.CaptureBytes == 0 {
+				m2.CaptureBytes = DefaultMirrorCaptureBytes
+			}
+			if m2.Timeout == 0 {
+				m2.Timeout = Duration(DefaultTotalTimeout)
+			}
+			if p := m2.Progression; p != nil && p.Split == "" {
+				p2 := *p
+				for _, sp := range r.Splits {
+					if sp.Cluster == m2.Cluster {
+						p2.Split = sp.Name
+						if p2.Split == "" {
+							p2.Split = sp.Cluster
+						}
+						break
+					}
+				}
+				m2.Progression = &p2
+			}
+			r.Mirror = &m2
+		}
 	}
+	if c.Shadow.Interval == 0 {
+		c.Shadow.Interval = Duration(DefaultShadowInterval)
+	}
+	if c.Shadow.Window == 0 {
+		c.Shadow.Window = DefaultShadowWindow
+	}
+	if c.Shadow.Retention == 0 {
+		c.Shadow.Retention = DefaultShadowRetention
+	}
+	c.Shadow.Verdict = c.Shadow.Verdict.WithDefaults()
 }
 
 // Validate checks the whole config and returns a *ValidationError listing every problem.
@@ -450,11 +497,102 @@ func (c *Config) Validate() error {
 				add("%s.policies[%d].type: required", at, j)
 			}
 		}
+		if m := r.Mirror; m != nil {
+			checkMirror(add, at+".mirror", r, m, clusters)
+		}
+	}
+	if c.Shadow.Interval < 0 {
+		add("shadow.interval: must not be negative")
+	}
+	if c.Shadow.Window < 8 {
+		add("shadow.window: %d is too small (at least 8)", c.Shadow.Window)
+	}
+	if c.Shadow.Retention < c.Shadow.Window {
+		add("shadow.retention: %d is smaller than shadow.window %d", c.Shadow.Retention, c.Shadow.Window)
+	}
+	if err := c.Shadow.Verdict.Validate(); err != nil {
+		for _, e := range strings.Split(err.Error(), "\n") {
+			add("shadow.verdict: %s", strings.TrimPrefix(e, "shadow: "))
+		}
 	}
 	if len(p) > 0 {
 		return &ValidationError{Problems: p}
 	}
 	return nil
+}
+
+func checkMirror(add func(string, ...any), at string, r Route, m *Mirror, clusters map[string]bool) {
+	switch {
+	case m.Cluster == "":
+		add("%s.cluster: required", at)
+	case !clusters[m.Cluster]:
+		add("%s.cluster: unknown cluster %q", at, m.Cluster)
+	case m.Cluster == r.Cluster && len(r.Splits) == 0:
+		add("%s.cluster: %q is the route's own cluster; mirror to a sandbox cluster", at, m.Cluster)
+	}
+	if !(m.Fraction > 0 && m.Fraction <= 1) {
+		add("%s.fraction: %v is not within (0, 1]", at, m.Fraction)
+	}
+	if !(m.ReplicaFraction >= 0 && m.ReplicaFraction <= 1) {
+		add("%s.replica_fraction: %v is not within [0, 1]", at, m.ReplicaFraction)
+	}
+	if m.MaxQueue < 0 || m.MaxQueue > 1<<16 {
+		add("%s.max_queue: %d is not within 0..65536", at, m.MaxQueue)
+	}
+	if m.MaxConcurrency < 1 || m.MaxConcurrency > 1024 {
+		add("%s.max_concurrency: %d is not within 1..1024", at, m.MaxConcurrency)
+	}
+	if m.CaptureBytes < 1024 {
+		add("%s.capture_bytes: %d is too small (at least 1024)", at, m.CaptureBytes)
+	}
+	if m.Timeout < 0 {
+		add("%s.timeout: must not be negative", at)
+	}
+	for _, h := range m.StripHeaders {
+		if h == "" || strings.ContainsAny(h, " \t:") {
+			add("%s.strip_headers: invalid header name %q", at, h)
+		}
+	}
+	for h, v := range m.SetHeaders {
+		if h == "" || strings.ContainsAny(h, " \t:") {
+			add("%s.set_headers: invalid header name %q", at, h)
+		}
+		if strings.ContainsAny(v, "\r\n") {
+			add("%s.set_headers.%s: value must not contain line breaks", at, h)
+		}
+		if isCredentialHeader(h) {
+			add("%s.set_headers.%s: credentials for the sandbox come from its cluster's api_key", at, h)
+		}
+	}
+	if p := m.Progression; p != nil {
+		pat := at + ".progression"
+		if p.Split == "" {
+			add("%s.split: no split of this route sends to %q; name the candidate's split", pat, m.Cluster)
+		} else if !slices.ContainsFunc(r.Splits, func(sp route.Split) bool { return sp.Name == p.Split || sp.Name == "" && sp.Cluster == p.Split }) {
+			add("%s.split: the route has no split %q", pat, p.Split)
+		}
+		if p.Step < 1 {
+			add("%s.step: %d must be at least 1", pat, p.Step)
+		}
+		if p.Max < 1 {
+			add("%s.max: %d must be at least 1", pat, p.Max)
+		}
+		if p.Interval <= 0 {
+			add("%s.interval: required (how often the weight steps up)", pat)
+		}
+	}
+}
+
+// CredentialHeaders are removed from mirrored copies.
+var CredentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key"}
+
+func isCredentialHeader(h string) bool {
+	for _, c := range CredentialHeaders {
+		if strings.EqualFold(c, h) {
+			return true
+		}
+	}
+	return false
 }
 
 func hasWeightedSplit(r Route) bool {

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
+	"github.com/sluicegw/sluice/shadow"
 )
 
 // Config is the whole gateway configuration.
@@ -45,6 +46,9 @@ type Config struct {
 	Clusters []Cluster `yaml:"clusters" json:"clusters"`
 	// Routes are matched in order; the first match serves the request.
 	Routes []Route `yaml:"routes" json:"routes"`
+	// Shadow configures how mirrored pairs are judged and where they are kept (routes mirror
+	// with their own `mirror:` block).
+	Shadow Shadow `yaml:"shadow" json:"shadow"`
 
 	// Source is where the config came from (file path or "flags"); set by the loader.
 	Source string `yaml:"-" json:"source"`
@@ -196,9 +200,70 @@ type Route struct {
 	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
 	// Policies run on the route's requests: {type, name, params}, built by the policy registry.
 	Policies []policy.Spec `yaml:"policies" json:"policies,omitempty"`
+	// Mirror copies a share of the route's traffic to a sandbox cluster and compares the pairs.
+	Mirror *Mirror `yaml:"mirror" json:"mirror,omitempty"`
 	// Spec holds the routing keys: splits, sticky, gray_flag_header, fallback, retry, breaker,
 	// resume, contract_mismatch (see policy/route).
 	route.Spec `yaml:",inline"`
+}
+
+// Mirror sends a copy of a share of a route's requests to a sandbox cluster (the candidate)
+// and compares each pair with the primary's answer. The copy never slows the primary: it goes
+// through a bounded queue (full: dropped and counted) to a bounded number of workers, and is
+// not charged to the tenant's rate limits.
+type Mirror struct {
+	// Cluster is the sandbox cluster the copies go to.
+	Cluster string `yaml:"cluster" json:"cluster"`
+	// Model, when set, rewrites the model name in the copies (the candidate model).
+	Model string `yaml:"model" json:"model,omitempty"`
+	// Fraction of sessions mirrored (0..1]. The choice hashes the session (else the API key's
+	// tenant, else the client), so a whole conversation is mirrored or none of it.
+	Fraction float64 `yaml:"fraction" json:"fraction"`
+	// ReplicaFraction of mirrored requests are also sent to the primary's cluster a second time:
+	// primary-vs-primary differences are the noise floor the candidate's are judged against.
+	ReplicaFraction float64 `yaml:"replica_fraction" json:"replica_fraction,omitempty"`
+	// MaxQueue bounds the copies waiting for a worker; past it a copy is dropped and counted.
+	MaxQueue int `yaml:"max_queue" json:"max_queue"`
+	// MaxConcurrency bounds the copies in flight to the sandbox (and replicas).
+	MaxConcurrency int `yaml:"max_concurrency" json:"max_concurrency"`
+	// CaptureBytes bounds how much of each side's answer is kept for the comparison.
+	CaptureBytes ByteSize `yaml:"capture_bytes" json:"capture_bytes"`
+	// Timeout bounds one sandbox request.
+	Timeout Duration `yaml:"timeout" json:"timeout"`
+	// StripHeaders are removed from the copies, on top of the credentials, which always are
+	// (Authorization, Proxy-Authorization, Cookie, X-Api-Key, Api-Key). The sandbox cluster's
+	// own api_key, when configured, is sent instead.
+	StripHeaders []string `yaml:"strip_headers" json:"strip_headers,omitempty"`
+	// SetHeaders are set on the copies.
+	SetHeaders map[string]string `yaml:"set_headers" json:"set_headers,omitempty"`
+	// Progression steps the candidate's split weight by the verdict (file-configured routes).
+	Progression *Progression `yaml:"progression" json:"progression,omitempty"`
+}
+
+// Progression is Flagger-style automated weight progression: on promote, the candidate's
+// split weight goes up by Step every Interval up to Max; on rollback it is set to 0.
+type Progression struct {
+	// Split names the candidate's split of this route (default: the split whose cluster is
+	// the mirror's cluster).
+	Split    string   `yaml:"split" json:"split,omitempty"`
+	Step     int      `yaml:"step" json:"step"`
+	Interval Duration `yaml:"interval" json:"interval"`
+	Max      int      `yaml:"max" json:"max"`
+}
+
+// Shadow configures the judging and storage of mirrored pairs.
+type Shadow struct {
+	// Store is the SQLite file for pairs and verdicts; "" keeps them in memory (lost at exit).
+	Store string `yaml:"store" json:"store,omitempty"`
+	// Interval between verdicts (each is stored with its evidence).
+	Interval Duration `yaml:"interval" json:"interval"`
+	// Window is how many recent pairs per route the verdict judges.
+	Window int `yaml:"window" json:"window"`
+	// Retention is how many pairs per route the store keeps (older ones are deleted).
+	Retention int `yaml:"retention" json:"retention"`
+	// Verdict holds the statistical thresholds (min_samples, alpha, max_regression,
+	// max_rate_increase, similarity_margin, critical_alpha; see package shadow).
+	Verdict shadow.Config `yaml:"verdict" json:"verdict"`
 }
 
 // Tenant is a client of the gateway, known by its API keys. Keys come by value from an
