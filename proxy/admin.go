@@ -62,6 +62,12 @@ func (s *Server) adminHandler() http.Handler {
 	s.policyRoutes(mux)
 	s.signalRoutes(mux)
 	s.chaosRoutes(mux)
+	s.shadowRoutes(mux)
+	if s.opts.XDSStatus != nil {
+		mux.Handle("GET /admin/xds", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, s.opts.XDSStatus())
+		}))
+	}
 	mux.Handle("GET /debug/pprof/", s.authorized(pprof.Index))
 	mux.Handle("GET /debug/pprof/cmdline", s.authorized(pprof.Cmdline))
 	mux.Handle("GET /debug/pprof/profile", s.authorized(pprof.Profile))

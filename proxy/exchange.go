@@ -37,6 +37,7 @@ type exchange struct {
 	carryTap *openai.Tap // the cut attempt's tap, continued by the resumed one
 
 	inj      *fault.Injection // chaos faults of this request, nil when none
+	mirror   *mirrorJob       // the request's mirrored copy, nil when not mirrored
 	streamID []byte           // the first stream's chunk id (raw JSON), kept by the resumed one
 }
 
@@ -71,6 +72,9 @@ func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 func (ex *exchange) writePending(p *pending, res *result) {
 	ex.commit(p.status, p.header, res)
 	_, _ = ex.w.Write(p.body)
+	if ex.mirror != nil {
+		ex.mirror.capture.add(p.body)
+	}
 }
 
 func (ex *exchange) flush() {

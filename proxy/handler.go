@@ -94,6 +94,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		plan = []policy.Candidate{{Cluster: adm.reroute}}
 	}
 
+	// 6. mirror: a copy to the route's sandbox when the session is sampled (never waits).
+	var res result
+	if mj := h.srv.shadow.offer(st, rt, preq, r, ex, plan); mj != nil {
+		defer mj.primaryDone(ex, &res) // after finish, on every path
+	}
+
 	// 7. chaos (when enabled): downstream faults wrap the client's writer, upstream faults
 	// ride on the attempts (send is wrapped by fault).
 	inj, rej := h.injectFaults(ctx, r, ex, st, rt, preq)
@@ -106,14 +112,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 6–9. pick, send, relay, retry: failures before the first byte move to the next try.
-	var res result
 	if bt := st.batchers[rt.Index]; bt != nil && bt.Batchable(req) {
 		res = h.batched(ctx, ex, st, rt, plan, bt) // merged with others into one upstream request
 	} else {
 		res = h.forward(ctx, ex, st, rt, plan)
 	}
 
-	// 10. settle and record.
+	// 10. settle and record (then the mirror's worker gets the primary's answer to compare).
 	h.finish(ctx, ex, st, rt, span, res)
 }
 

@@ -79,6 +79,9 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 				ex.streamID = chunkID(ev.Data)
 			}
 		}
+		if ex.mirror != nil && !skip {
+			ex.mirror.capture.add(ev.Raw)
+		}
 		if !skip {
 			raw := ev.Raw
 			if resumed {

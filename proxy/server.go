@@ -43,6 +43,8 @@ type Options struct {
 	// AwaitConfig keeps /readyz false after Start until the first Apply (a config pushed by a
 	// control plane); Config is then only the bootstrap (listeners, defaults).
 	AwaitConfig bool
+	// XDSStatus, when set, is served as GET /admin/xds (the xDS client's state).
+	XDSStatus func() any
 }
 
 // Server runs the gateway listener and the admin listener.
@@ -70,12 +72,16 @@ type Server struct {
 	metricsReg    metric.Registration
 	signalsReg    metric.Registration
 	chaosReg      metric.Registration
+	shadowReg     metric.Registration
 	waits         *waitCollector
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
 	// and this host's GPUs.
 	scraper *gpu.Scraper
 	devices *gpu.NVML
+
+	// shadow holds the routes' mirrors (queues, workers, comparisons); it lives across reloads.
+	shadow *shadowing
 
 	// chaos is the fault-injection engine (faults from the config, the admin API and the
 	// x-sluice-fault header); it lives across reloads.
@@ -157,6 +163,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
 	s.chaos = chaos
+	s.shadow = newShadowing(s)
 	st, err := s.build(opts.Config, nil)
 	if err != nil {
 		return nil, err
@@ -171,6 +178,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.chaosReg, err = s.chaosMetrics(s.tel.Meter()); err != nil {
 		return nil, fmt.Errorf("chaos metrics: %w", err)
+	}
+	if s.shadowReg, err = s.shadowMetrics(s.tel.Meter()); err != nil {
+		return nil, fmt.Errorf("shadow metrics: %w", err)
 	}
 	s.waits = newWaitCollector(s)
 	if err := s.tel.Registry().Register(s.waits); err != nil {
@@ -361,6 +371,12 @@ func (s *Server) Start() error {
 	if err := s.scraper.Start(s.baseCtx); err != nil {
 		s.log.Warn("load signals not started", "err", err)
 	}
+	s.shadow.sync(c)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.judgeLoop(s.baseCtx)
+	}()
 	s.started.Store(true)
 	if !s.opts.AwaitConfig || s.applied.Load() {
 		s.ready.Store(true)
@@ -387,6 +403,9 @@ func (s *Server) Config() *config.Config { return s.state.Load().snap.Config }
 // and the old config keeps serving.
 func (s *Server) Reload() error {
 	if s.opts.ConfigPath == "" {
+		if s.opts.AwaitConfig {
+			return errors.New("no config file to reload: the config comes from the xDS control plane")
+		}
 		return errors.New("no config file to reload (started with --upstream)")
 	}
 	s.reloadMu.Lock()
@@ -448,6 +467,9 @@ func (s *Server) applyLocked(c *config.Config) error {
 	if c.Chaos.Enabled != oc.Chaos.Enabled {
 		p = append(p, "chaos.enabled: turning fault injection on or off needs a restart")
 	}
+	if c.Shadow.Store != oc.Shadow.Store {
+		p = append(p, "shadow.store: changing the store file needs a restart")
+	}
 	if c.LoadSignals != oc.LoadSignals {
 		p = append(p, "load_signals: changing it needs a restart")
 	}
@@ -477,6 +499,9 @@ func (s *Server) applyLocked(c *config.Config) error {
 		cl.Close()
 	}
 	retire(old, st)
+	if s.started.Load() {
+		s.shadow.sync(c)
+	}
 	s.tel.SetConfigInfo(c.Version)
 	s.log.Info("config reloaded", "source", c.Source, "version", c.Version)
 	return nil
@@ -536,6 +561,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	_ = s.admin.Shutdown(actx)
 	cancel()
 	s.wg.Wait()
+	s.shadow.close()
 	st := s.state.Load()
 	st.stop()
 	for _, cl := range st.clusters {
@@ -545,6 +571,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	_ = s.metricsReg.Unregister()
 	_ = s.signalsReg.Unregister()
 	_ = s.chaosReg.Unregister()
+	_ = s.shadowReg.Unregister()
 	s.tel.Registry().Unregister(s.waits)
 	_ = s.scraper.Close()
 	if s.devices != nil {

@@ -27,7 +27,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	model := fs.String("model", "", "model name sent in each request (empty: the server's default)")
 	apiKey := fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "API key sent as a bearer token (default $OPENAI_API_KEY)")
 	endpoint := fs.String("endpoint", "chat", "chat (/v1/chat/completions) or completions (/v1/completions)")
-	trace := fs.String("trace", "", "trace file: Azure CSV, Mooncake JSONL or ShareGPT JSON (format detected)")
+	trace := fs.String("trace", "", "trace file: Azure CSV, Mooncake JSONL, ShareGPT JSON or pairs from 'sluice shadow export' (replayed as recorded; format detected)")
 	synthetic := fs.String("synthetic", "", "synthetic workload, e.g. in=lognormal:1000:0.5,out=fixed:128 (fixed:N, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA)")
 	sessions := fs.String("sessions", "", "multi-turn sessions, e.g. n=20,turns=4,in=fixed:200,out=fixed:64,think=gamma:2:500ms")
 	rate := fs.Float64("rate", 0, "open-loop rate in req/s (sessions: session starts/s); with --trace, re-paces the trace")

@@ -5,6 +5,7 @@
 //	sluice demo     an end-to-end run on embedded defaults
 //	sluice load     the token-level load injector
 //	sluice gpu      print what this host's NVML reports
+//	sluice xds      serve a config file over xDS to replicas (`sluice serve --xds`)
 //	sluice version  print the version
 //
 // This file holds flags and wiring only.
@@ -37,7 +38,9 @@ func commands() []command {
 		{"mock", "run the simulated OpenAI-compatible model server", runMock},
 		{"demo", "end-to-end run: two simulators, the gateway and a streaming workload", runDemo},
 		{"load", "token-level load injector: workloads, pacing, token metrics, reports", runLoad},
+		{"shadow", "shadow traffic: the candidate's verdict report, and pairs exported for replay", runShadow},
 		{"gpu", "print what this host's NVML reports (and model-server load with --metrics)", runGPU},
+		{"xds", "serve a config file over xDS to a fleet of replicas (a small control plane)", runXDS},
 		{"version", "print the version", func(_ context.Context, args []string, stdout, _ io.Writer) error {
 			fs := flag.NewFlagSet("version", flag.ContinueOnError)
 			fs.Usage = func() { fmt.Fprintln(fs.Output(), "usage: sluice version\n\nPrints the version of this binary.") }

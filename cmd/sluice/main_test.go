@@ -31,6 +31,9 @@ func TestCommands(t *testing.T) {
 		{"mock bad flags", []string{"mock", "--max-running", "-3"}, 1, "", "MaxRunning: must be >= 0"},
 		{"demo help", []string{"demo", "--help"}, 0, "", "--requests"},
 		{"gpu help", []string{"gpu", "--help"}, 0, "", "--json"},
+		{"xds help", []string{"xds", "--help"}, 0, "", "--route-config"},
+		{"xds needs a config", []string{"xds"}, 1, "", "--config is required"},
+		{"xds bad config", []string{"xds", "--config", "testdata/bad.yaml", "--listen", "127.0.0.1:0"}, 1, "", "routes[0].cluster: unknown cluster"},
 		{"load help", []string{"load", "--help"}, 0, "", "--target"},
 		{"load needs a target", []string{"load", "--synthetic", "in=fixed:10,out=fixed:4"}, 1, "", "target: required"},
 	}

@@ -337,7 +337,7 @@ func (c *Config) Validate() error {
 	}
 
 	clusters := map[string]bool{}
-	if len(c.Clusters) == 0 {
+	if len(c.Clusters) == 0 && !c.Dynamic {
 		add("clusters: at least one cluster is required")
 	}
 	for i, cl := range c.Clusters {
@@ -349,7 +349,7 @@ func (c *Config) Validate() error {
 			add("%s.name: duplicate cluster %q", at, cl.Name)
 		}
 		clusters[cl.Name] = true
-		if len(cl.Endpoints) == 0 {
+		if len(cl.Endpoints) == 0 && !cl.Pending {
 			add("%s.endpoints: at least one endpoint is required", at)
 		}
 		seen := map[string]bool{}
@@ -407,7 +407,7 @@ func (c *Config) Validate() error {
 		switch cl.Picking.Strategy {
 		case "", "least_inflight":
 		case "load_aware":
-			if !slices.ContainsFunc(cl.Endpoints, func(e Endpoint) bool { return e.Metrics != "" }) {
+			if !cl.Pending && !slices.ContainsFunc(cl.Endpoints, func(e Endpoint) bool { return e.Metrics != "" }) {
 				add("%s.picking.strategy: load_aware needs endpoints with a metrics URL", at)
 			}
 		default:
@@ -449,7 +449,7 @@ func (c *Config) Validate() error {
 		}
 	}
 
-	if len(c.Routes) == 0 {
+	if len(c.Routes) == 0 && !c.Dynamic {
 		add("routes: at least one route is required")
 	}
 	names := map[string]bool{}

@@ -54,6 +54,10 @@ type Config struct {
 	Source string `yaml:"-" json:"source"`
 	// Version is a short hash of the config's content; set by the loader.
 	Version string `yaml:"-" json:"version"`
+	// Dynamic marks a config that a control plane (xDS) produced or will produce: it may have
+	// no clusters and no routes yet (a replica starting before the first push answers 404
+	// no_route until routes arrive). Never set by the file loader.
+	Dynamic bool `yaml:"-" json:"dynamic,omitempty"`
 }
 
 // ListenerTLS holds the listener's certificate and key files.
@@ -119,6 +123,11 @@ type Cluster struct {
 	MaxIdleConnsPerHost int `yaml:"max_idle_conns_per_host" json:"max_idle_conns_per_host"`
 	// Picking chooses an endpoint for each request.
 	Picking Picking `yaml:"picking" json:"picking"`
+	// Pending marks a cluster a route names whose endpoints are not known yet (xDS: the
+	// cluster or its endpoint assignment has not been received, or has no endpoints). It may
+	// have no endpoints; its requests get 503 no_endpoint until they arrive, as with Envoy.
+	// Never set by the file loader.
+	Pending bool `yaml:"-" json:"pending,omitempty"`
 }
 
 // Picking configures endpoint picking within a cluster. With metrics URLs on the endpoints

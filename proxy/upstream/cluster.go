@@ -44,7 +44,9 @@ type Cluster struct {
 }
 
 // NewCluster validates opts, applies defaults and builds the cluster and its transport.
-// It starts nothing: call Start for active health checks.
+// It starts nothing: call Start for active health checks. A cluster may have no endpoints
+// (one a control plane named before sending its endpoints): Pick then returns
+// ErrNoHealthyEndpoint.
 func NewCluster(opts Options) (*Cluster, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err

@@ -140,9 +140,6 @@ func (o Options) Validate() error {
 	if strings.TrimSpace(o.Name) == "" {
 		add("name", "must not be empty")
 	}
-	if len(o.Endpoints) == 0 {
-		add("endpoints", "at least one endpoint is required")
-	}
 	seen := make(map[string]int, len(o.Endpoints))
 	for i, ep := range o.Endpoints {
 		field := fmt.Sprintf("endpoints[%d]", i)

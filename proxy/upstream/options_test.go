@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,9 +99,24 @@ func TestValidateListsEveryError(t *testing.T) {
 
 func TestValidateEmpty(t *testing.T) {
 	err := Options{}.Validate()
-	if err == nil || !strings.Contains(err.Error(), "name: must not be empty") ||
-		!strings.Contains(err.Error(), "endpoints: at least one endpoint is required") {
+	if err == nil || !strings.Contains(err.Error(), "name: must not be empty") {
 		t.Fatalf("Validate = %v", err)
+	}
+}
+
+// A cluster without endpoints (one a control plane has named but not filled yet) is valid:
+// every pick fails with ErrNoHealthyEndpoint, which the gateway answers with 503.
+func TestClusterWithoutEndpoints(t *testing.T) {
+	for _, pk := range []Picking{{}, {Strategy: StrategyLeastInFlight}} {
+		c, err := NewCluster(Options{Name: "pending", Picking: pk, HealthCheck: HealthCheck{Interval: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ep, err := c.PickFor(nil, Hint{PrefixHash: 42}); ep != nil || !errors.Is(err, ErrNoHealthyEndpoint) {
+			t.Errorf("PickFor = %v, %v; want ErrNoHealthyEndpoint", ep, err)
+		}
+		c.Start(context.Background())
+		c.Close()
 	}
 }
 

@@ -387,6 +387,7 @@ func (b *syncBuffer) String() string {
 type recorder struct {
 	mu      sync.Mutex
 	headers []http.Header
+	bodies  []string
 	URL     string
 	respond func(w http.ResponseWriter, r *http.Request)
 }
@@ -395,12 +396,13 @@ func startRecorder(t *testing.T, respond func(w http.ResponseWriter, r *http.Req
 	t.Helper()
 	rec := &recorder{respond: respond}
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		b, _ := io.ReadAll(r.Body)
 		if r.URL.Path == "/health" {
 			return
 		}
 		rec.mu.Lock()
 		rec.headers = append(rec.headers, r.Header.Clone())
+		rec.bodies = append(rec.bodies, string(b))
 		rec.mu.Unlock()
 		if rec.respond != nil {
 			rec.respond(w, r)
@@ -412,6 +414,27 @@ func startRecorder(t *testing.T, respond func(w http.ResponseWriter, r *http.Req
 	t.Cleanup(ts.Close)
 	rec.URL = ts.URL
 	return rec
+}
+
+// count is how many requests the recorder got.
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.headers)
+}
+
+// all returns the headers of every request so far.
+func (r *recorder) all() []http.Header {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]http.Header(nil), r.headers...)
+}
+
+// allBodies returns the bodies of every request so far.
+func (r *recorder) allBodies() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.bodies...)
 }
 
 func (r *recorder) last(t *testing.T) http.Header {

@@ -34,6 +34,9 @@ type call struct {
 	markers   []string
 	keepText  bool
 	body      []byte // the encoded request (nil: do encodes it)
+	recorded  bool   // body is a recorded request: stream as recorded, not as configured
+	stream    bool
+	url       string // the endpoint when not the run's own
 }
 
 type chatBody struct {
@@ -46,14 +49,25 @@ type chatBody struct {
 	StreamOptions map[string]any `json:"stream_options,omitempty"`
 }
 
+// toolCallDelta is a tool call (or a streamed fragment of one): its name and arguments
+// are generated output like content.
+type toolCallDelta struct {
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
 type chunk struct {
 	Choices []struct {
 		Delta *struct {
-			Content          string `json:"content"`
-			ReasoningContent string `json:"reasoning_content"`
+			Content          string          `json:"content"`
+			ReasoningContent string          `json:"reasoning_content"`
+			ToolCalls        []toolCallDelta `json:"tool_calls"`
 		} `json:"delta"`
 		Message *struct {
-			Content string `json:"content"`
+			Content   string          `json:"content"`
+			ToolCalls []toolCallDelta `json:"tool_calls"`
 		} `json:"message"`
 		Text         string  `json:"text"`
 		FinishReason *string `json:"finish_reason"`
@@ -70,13 +84,22 @@ func (c *chunk) text() string {
 		if ch.Delta != nil {
 			sb.WriteString(ch.Delta.ReasoningContent)
 			sb.WriteString(ch.Delta.Content)
+			writeToolCalls(&sb, ch.Delta.ToolCalls)
 		}
 		if ch.Message != nil {
 			sb.WriteString(ch.Message.Content)
+			writeToolCalls(&sb, ch.Message.ToolCalls)
 		}
 		sb.WriteString(ch.Text)
 	}
 	return sb.String()
+}
+
+func writeToolCalls(sb *strings.Builder, calls []toolCallDelta) {
+	for _, tc := range calls {
+		sb.WriteString(tc.Function.Name)
+		sb.WriteString(tc.Function.Arguments)
+	}
 }
 
 func (c *chunk) finished() bool {
@@ -115,13 +138,20 @@ func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
 	res := &Result{Index: c.index, Session: c.session, Turn: c.turn, Scheduled: scheduled, Input: c.input}
 	res.Timeline = Timeline{FirstEvent: -1, TTFT: -1, TPOT: -1}
 	stream := !e.cfg.NoStream
+	if c.recorded {
+		stream = c.stream
+	}
+	u := e.url
+	if c.url != "" {
+		u = c.url
+	}
 	b := c.body
 	if b == nil {
 		b = e.encode(c)
 	}
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, e.url, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, u, bytes.NewReader(b))
 	if err != nil {
 		res.Class, res.Err = ErrConnect, err.Error()
 		return res

@@ -30,7 +30,8 @@
 //
 //	send       when the request was written (Lag = send − scheduled time: the injector's own
 //	           queueing, reported in every run so its timing can be trusted)
-//	TTFT       send → first SSE event whose choices carry non-empty content/text
+//	TTFT       send → first SSE event whose choices carry non-empty content/text (or a tool
+//	           call's name or arguments: tool calls are output too)
 //	           (FirstEvent: send → first SSE event of any kind)
 //	tokens     per event: the usage delta when the server streams usage on every chunk,
 //	           else a cl100k count of the event's text (at least 1). When the final usage

@@ -295,6 +295,9 @@ func (e *engine) live(start time.Time) func() {
 
 // build turns item i into a call (prompt synthesis and client-side chaos).
 func (e *engine) build(i int, it Item) *call {
+	if it.Body != nil {
+		return e.buildRecorded(i, it)
+	}
 	rng := rand.New(rand.NewPCG(e.cfg.Seed^0xc0ffee, uint64(i)))
 	c := &call{index: i, maxTokens: max(it.OutputTokens, 1), input: it.InputTokens}
 	var text string
@@ -369,7 +372,9 @@ func (e *engine) runOpen(ctx context.Context, start time.Time) {
 			continue
 		}
 		c := e.build(i, it)
-		c.body = e.encode(c) // before the send time: encoding is not scheduling lag
+		if c.body == nil {
+			c.body = e.encode(c) // before the send time: encoding is not scheduling lag
+		}
 		due := start.Add(at)
 		if !e.waitUntil(ctx, timer, due) {
 			return

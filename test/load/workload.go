@@ -24,6 +24,11 @@ type Item struct {
 	OutputTokens int     // max_tokens (ignore_eos forces it)
 	HashIDs      []int64 // Mooncake prefix blocks
 	Prompt       string  // literal prompt text (ShareGPT)
+	// Body is a recorded request body sent as is (FormatShadow), with its own Stream flag
+	// and Endpoint ("chat" or "completions").
+	Body     []byte
+	Stream   bool
+	Endpoint string
 }
 
 // Workload is what to send: a parsed trace, a synthetic spec or generated sessions.
@@ -226,6 +231,7 @@ const (
 	FormatAzure    = "azure-csv"
 	FormatMooncake = "mooncake-jsonl"
 	FormatShareGPT = "sharegpt-json"
+	// FormatShadow (shadow.go): pairs exported by `sluice shadow export`.
 )
 
 // MaxTraceItems bounds what ParseTrace reads.
@@ -246,7 +252,8 @@ func LoadTrace(path string) (*Workload, error) {
 	return w, nil
 }
 
-// ParseTrace detects the format (a JSON array: ShareGPT; JSON lines: Mooncake; otherwise a
+// ParseTrace detects the format (a JSON array: ShareGPT; JSON lines of exported shadow
+// pairs, whose first key is "route": FormatShadow; other JSON lines: Mooncake; otherwise a
 // CSV with TIMESTAMP, ContextTokens and GeneratedTokens columns: Azure) and parses it.
 func ParseTrace(r io.Reader) (*Workload, error) {
 	br := bufio.NewReaderSize(r, 1<<16)
@@ -267,6 +274,9 @@ func ParseTrace(r io.Reader) (*Workload, error) {
 	case '[':
 		return parseShareGPT(br)
 	case '{':
+		if peek, _ := br.Peek(br.Size()); looksLikeShadow(peek) {
+			return parseShadow(br)
+		}
 		return parseMooncake(br)
 	default:
 		return parseAzure(br)

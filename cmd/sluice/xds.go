@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/sluicegw/sluice/proxy/config"
+	xdsserver "github.com/sluicegw/sluice/xds/server"
+)
+
+// runXDS is `sluice xds`: a small control plane serving a config file over xDS.
+func runXDS(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := flag.NewFlagSet("xds", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("config", "", "the Sluice YAML config to serve (required)")
+	listen := fs.String("listen", "127.0.0.1:18000", "gRPC address of the xDS server")
+	routeConfig := fs.String("route-config", xdsserver.DefaultRouteConfig, "name of the RouteConfiguration served (the replicas' bootstrap route_config)")
+	watch := fs.Duration("watch", xdsserver.DefaultWatchInterval, "how often the config file is checked for changes")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: sluice xds --config FILE [--listen 127.0.0.1:18000] [--route-config NAME]
+
+Serves a Sluice config file over xDS (ADS, delta and state-of-the-world; CDS, EDS, RDS and
+ECDS) for a fleet of replicas started with 'sluice serve --xds ADDR'. When the file changes
+and is valid, a new snapshot is pushed to every replica; an invalid file is logged with every
+problem and the previous config keeps being served. Runs until SIGTERM or Ctrl-C.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *file == "" {
+		return errors.New("--config is required")
+	}
+	if *watch <= 0 {
+		*watch = time.Second
+	}
+	log, err := newLogger(stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	srv, err := xdsserver.New(xdsserver.Options{ConfigPath: *file, RouteConfig: *routeConfig, WatchInterval: *watch, Logger: log})
+	if err != nil {
+		var ve *config.ValidationError
+		if errors.As(err, &ve) {
+			return err // lists every problem
+		}
+		return fmt.Errorf("config %s: %w", *file, err)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", *listen, err)
+	}
+	return srv.Serve(ctx, ln)
+}

@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/shadow"
+)
+
+// shadowRoutes registers the shadow report and export:
+//
+//	GET  /admin/shadow          the report as an HTML page
+//	GET  /admin/shadow.json     the same as data
+//	POST /admin/shadow/judge    judge every mirrored route now (then the report)
+//	GET  /admin/shadow/export   stored pairs, redacted, as JSONL (?route=R&limit=N)
+func (s *Server) shadowRoutes(mux *http.ServeMux) {
+	mux.Handle("GET /admin/shadow.json", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		rep, err := s.ShadowReport(r.Context(), false)
+		if err != nil {
+			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	}))
+	mux.Handle("POST /admin/shadow/judge", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		rep, err := s.ShadowReport(r.Context(), true)
+		if err != nil {
+			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	}))
+	mux.Handle("GET /admin/shadow", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		rep, err := s.ShadowReport(r.Context(), false)
+		if err != nil {
+			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+			return
+		}
+		var b bytes.Buffer
+		if err := rep.WriteHTML(&b); err != nil {
+			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(b.Bytes())
+	}))
+	mux.Handle("GET /admin/shadow/export", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		st := s.shadow.storeOf()
+		if st == nil {
+			openai.WriteError(w, openai.NewError(http.StatusNotFound, "invalid_request_error", "no_shadow_store", "no route mirrors, so there is no shadow store"))
+			return
+		}
+		limit := 1000
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > shadow.MaxQueryLimit {
+				openai.WriteError(w, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_limit",
+					"limit must be a number within 1.."+strconv.Itoa(shadow.MaxQueryLimit)))
+				return
+			}
+			limit = n
+		}
+		route := r.URL.Query().Get("route")
+		var pairs []shadow.PairRecord
+		routes := []string{route}
+		if route == "" {
+			var err error
+			if routes, err = st.Routes(r.Context()); err != nil {
+				openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_store", err.Error()))
+				return
+			}
+		}
+		for _, rt := range routes {
+			ps, err := st.Pairs(r.Context(), rt, limit)
+			if err != nil {
+				openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_store", err.Error()))
+				return
+			}
+			pairs = append(pairs, ps...)
+		}
+		shadow.SortOldestFirst(pairs)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_ = shadow.ExportJSONL(r.Context(), w, pairs)
+	}))
+}
+
+// ShadowReport is the shadow report of every mirrored route (what /admin/shadow.json
+// serves). With judge, every route is judged first (as the interval would).
+func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, error) {
+	if judge {
+		s.shadow.judgeAll(ctx, time.Now())
+	}
+	c := s.Config()
+	var ins []shadow.RouteInput
+	for _, mr := range s.shadow.list() {
+		m := mr.cfg.Load()
+		in := mr.acc.Input()
+		pairs, replicas := mr.acc.Counts()
+		q := mr.queue.Load().Counts()
+		ri := shadow.RouteInput{
+			Route: mr.name, CandidateCluster: m.Cluster, Input: &in, Pairs: pairs, Replicas: replicas,
+			Config: c.Shadow.Verdict, Window: c.Shadow.Window,
+			Mirror: shadow.MirrorStats{Offered: q.Offered, Mirrored: q.Started, Dropped: q.Dropped,
+				Failed: mr.failed.Load(), Replicas: mr.replicas.Load()},
+		}
+		for _, r := range c.Routes {
+			if r.Name == mr.name {
+				ri.PrimaryCluster = r.Cluster
+			}
+		}
+		mr.mu.Lock()
+		ri.Verdict, ri.VerdictTime, ri.Action = mr.verdict, mr.judged, mr.action
+		mr.mu.Unlock()
+		ins = append(ins, ri)
+	}
+	return shadow.BuildReport(ctx, s.shadow.storeOf(), ins)
+}

@@ -1,0 +1,161 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/shadow"
+)
+
+// judgeLoop judges every mirrored route each shadow.interval until ctx ends.
+func (s *Server) judgeLoop(ctx context.Context) {
+	for {
+		d := s.Config().Shadow.Interval.D()
+		if d <= 0 {
+			d = config.DefaultShadowInterval
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		s.shadow.judgeAll(ctx, time.Now())
+	}
+}
+
+// judgeAll computes and records the verdict of every mirrored route, and steps weights where
+// a progression is configured.
+func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
+	st := sh.srv.state.Load()
+	c := st.snap.Config
+	for _, mr := range sh.list() {
+		v, err := shadow.Evaluate(c.Shadow.Verdict, mr.acc.Input())
+		if err != nil {
+			sh.srv.log.Error("shadow verdict", "route", mr.name, "err", err)
+			continue
+		}
+		action := mr.progress(sh, st, v, now)
+		mr.mu.Lock()
+		mr.verdict, mr.judged = &v, now
+		if action != "" {
+			mr.action = action
+		}
+		mr.mu.Unlock()
+		if action != "" {
+			sh.srv.log.Info("shadow progression", "route", mr.name, "decision", v.Decision, "action", action)
+		}
+		sh.recordVerdict(ctx, mr, v, action, now)
+	}
+}
+
+// progress applies the route's weight progression for verdict v (Flagger style): promote
+// steps the candidate's split weight up by step at most once per interval up to max;
+// rollback sets it to 0. Under xDS the control plane owns the weights: only the
+// recommendation is reported. It returns what it did ("" when nothing).
+func (mr *mirrorRoute) progress(sh *shadowing, st *state, v shadow.Verdict, now time.Time) string {
+	m := mr.cfg.Load()
+	if m == nil || m.Progression == nil {
+		return ""
+	}
+	p := m.Progression
+	rtr := st.router(mr.name)
+	if rtr == nil {
+		return ""
+	}
+	cur, ok := rtr.Weights()[p.Split]
+	if !ok {
+		return ""
+	}
+	next := cur
+	switch v.Decision {
+	case shadow.Rollback:
+		next = 0
+	case shadow.Promote:
+		mr.mu.Lock()
+		due := now.Sub(mr.stepped) >= p.Interval.D()
+		mr.mu.Unlock()
+		if due && cur < p.Max {
+			next = min(p.Max, cur+p.Step)
+		}
+	}
+	if next == cur {
+		return ""
+	}
+	if st.snap.Config.Source == "xds" {
+		return fmt.Sprintf("recommend %s weight %d→%d (the control plane owns the weights)", p.Split, cur, next)
+	}
+	if err := rtr.SetWeights(map[string]int{p.Split: next}); err != nil {
+		return fmt.Sprintf("weight %s %d→%d refused: %v", p.Split, cur, next, err)
+	}
+	mr.mu.Lock()
+	mr.stepped = now
+	mr.mu.Unlock()
+	return fmt.Sprintf("weight %s %d→%d", p.Split, cur, next)
+}
+
+// shadowMetrics registers the mirror counters and the verdicts as metrics.
+func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
+	type counter struct {
+		inst metric.Int64ObservableCounter
+		get  func(*mirrorRoute) int64
+	}
+	defs := []struct {
+		name, desc string
+		get        func(*mirrorRoute) int64
+	}{
+		{"sluice.shadow.offered", "Requests sampled for mirroring", func(mr *mirrorRoute) int64 { return mr.queue.Load().Counts().Offered }},
+		{"sluice.shadow.dropped", "Mirrored copies dropped because the mirror queue was full", func(mr *mirrorRoute) int64 { return mr.queue.Load().Counts().Dropped }},
+		{"sluice.shadow.pairs", "Mirrored pairs compared", func(mr *mirrorRoute) int64 { return mr.pairs.Load() }},
+		{"sluice.shadow.candidate_failures", "Mirrored copies the sandbox failed", func(mr *mirrorRoute) int64 { return mr.failed.Load() }},
+		{"sluice.shadow.incomplete", "Mirrored copies not compared (the primary did not finish, or the mirror time-out passed)", func(mr *mirrorRoute) int64 { return mr.incomplete.Load() }},
+		{"sluice.shadow.replicas", "Replica answers taken into the noise floor", func(mr *mirrorRoute) int64 { return mr.replicas.Load() }},
+	}
+	var cs []counter
+	var insts []metric.Observable
+	for _, d := range defs {
+		c, err := m.Int64ObservableCounter(d.name, metric.WithDescription(d.desc))
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, counter{c, d.get})
+		insts = append(insts, c)
+	}
+	queued, err := m.Int64ObservableGauge("sluice.shadow.queued", metric.WithDescription("Mirrored copies waiting for a worker"))
+	if err != nil {
+		return nil, err
+	}
+	verdict, err := m.Int64ObservableGauge("sluice.shadow.verdict", metric.WithDescription("The route's latest shadow verdict: 1 for the decision it is (promote, hold, rollback)"))
+	if err != nil {
+		return nil, err
+	}
+	insts = append(insts, queued, verdict)
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, mr := range s.shadow.list() {
+			at := metric.WithAttributes(attribute.String("route", mr.name))
+			for _, c := range cs {
+				o.ObserveInt64(c.inst, c.get(mr), at)
+			}
+			o.ObserveInt64(queued, mr.queue.Load().Counts().Queued, at)
+			mr.mu.Lock()
+			v := mr.verdict
+			mr.mu.Unlock()
+			if v != nil {
+				for _, d := range []shadow.Decision{shadow.Promote, shadow.Hold, shadow.Rollback} {
+					val := int64(0)
+					if v.Decision == d {
+						val = 1
+					}
+					o.ObserveInt64(verdict, val, metric.WithAttributes(attribute.String("route", mr.name), attribute.String("decision", string(d))))
+				}
+			}
+		}
+		return nil
+	}, insts...)
+}

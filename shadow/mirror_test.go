@@ -1,0 +1,121 @@
+package shadow
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestSampled(t *testing.T) {
+	for _, tc := range []struct {
+		fraction float64
+		want     float64 // share of 20,000 keys
+	}{{0, 0}, {0.01, 0.01}, {0.1, 0.1}, {0.5, 0.5}, {1, 1}} {
+		n := 0
+		for i := range 20000 {
+			if Sampled("route", fmt.Sprintf("session-%d", i), tc.fraction) {
+				n++
+			}
+		}
+		got := float64(n) / 20000
+		if d := got - tc.want; d > 0.01 || d < -0.01 {
+			t.Errorf("fraction %v: sampled %.4f", tc.fraction, got)
+		}
+	}
+	// The same key always gets the same answer; another salt, another subset.
+	same, other := 0, 0
+	for i := range 2000 {
+		k := fmt.Sprintf("s%d", i)
+		a := Sampled("r1", k, 0.3)
+		if a == Sampled("r1", k, 0.3) {
+			same++
+		}
+		if a != Sampled("r2", k, 0.3) {
+			other++
+		}
+	}
+	if same != 2000 {
+		t.Errorf("sampling is not consistent per key: %d/2000", same)
+	}
+	if other < 500 {
+		t.Errorf("salts pick nearly the same sessions: %d/2000 differ", other)
+	}
+	if Sampled("r", "", 0.99) {
+		t.Error("an empty key was sampled below fraction 1")
+	}
+}
+
+func TestQueueDropsWhenFull(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var done []int
+	q := NewQueue(2, 1, func(_ context.Context, j int) {
+		<-release
+		mu.Lock()
+		done = append(done, j)
+		mu.Unlock()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { q.Run(ctx); close(stopped) }()
+
+	// One job in the worker, two queued; the rest dropped without waiting.
+	if !q.Offer(0) {
+		t.Fatal("first offer dropped")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for q.Counts().Running != 1 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	accepted := 0
+	for i := 1; i <= 10; i++ {
+		if q.Offer(i) {
+			accepted++
+		}
+	}
+	c := q.Counts()
+	if accepted != 2 || c.Dropped != 8 || c.Offered != 11 || c.Queued != 2 {
+		t.Fatalf("accepted %d, counts %+v; want 2 accepted, 8 dropped", accepted, c)
+	}
+	close(release)
+	for q.Counts().Finished != 3 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-stopped
+	if len(done) != 3 {
+		t.Fatalf("done %v, want 3 jobs", done)
+	}
+	if q.Offer(99) {
+		t.Error("offer accepted after the queue stopped")
+	}
+}
+
+func TestRequestFromBody(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		format     string
+		schema     bool
+		tools      []string
+	}{
+		{"plain", `{"messages":[]}`, "", false, nil},
+		{"json object", `{"response_format":{"type":"json_object"}}`, FormatJSONObject, false, nil},
+		{"json schema", `{"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}}`, FormatJSONSchema, true, nil},
+		{"tools", `{"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},{"type":"code_interpreter"}]}`, "", false, []string{"get_weather"}},
+		{"not json", `{"messages":`, "", false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := RequestFromBody([]byte(tc.body))
+			if r.ResponseFormat != tc.format || (len(r.Schema) > 0) != tc.schema || len(r.Tools) != len(tc.tools) {
+				t.Fatalf("got %+v", r)
+			}
+			for i, n := range tc.tools {
+				if r.Tools[i].Name != n {
+					t.Errorf("tool %d = %q, want %q", i, r.Tools[i].Name, n)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,805 @@
+package shadow
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	_ "modernc.org/sqlite" // the pure-Go SQLite driver, registered as "sqlite"
+)
+
+// Bounds of what the Store keeps per pair and returns per query.
+const (
+	// MaxStoredText bounds each answer's text (cut at a rune boundary).
+	MaxStoredText = 64 << 10
+	// MaxStoredToolCalls bounds the tool calls kept per answer.
+	MaxStoredToolCalls = 64
+	// MaxStoredProblems bounds the problems kept per side and the notes per pair; each is
+	// cut to MaxProblemLen bytes.
+	MaxStoredProblems = 32
+	MaxProblemLen     = 1 << 10
+	// MaxNameLen bounds route names, request ids, session hashes, endpoints and actions.
+	MaxNameLen = 256
+	// MaxQueryLimit bounds how many rows one query returns; DefaultQueryLimit is used
+	// when a limit ≤ 0 is given.
+	MaxQueryLimit     = 100_000
+	DefaultQueryLimit = 100
+)
+
+// SchemaVersion is the version of the store's tables this binary writes. A store
+// written by a newer binary is refused rather than misread.
+const SchemaVersion = 1
+
+// PairRecord is one stored mirrored pair: the redacted request, the primary's and the
+// candidate's answers (and the replica's, when the request was also replayed on the
+// primary for the noise floor), and their comparison.
+//
+// Result is the comparison as Compare made it; the Store keeps every field of it that
+// Accumulator.Add reads (side OK, abnormal finish, latencies, schema and tool-call checks
+// and breakage, similarity) plus the problems and notes, so PairResult gives back what
+// Add needs after a restart. The per-side latencies of Result are those of the answers.
+type PairRecord struct {
+	ID        int64     // assigned by the store
+	Route     string    // route name
+	Time      time.Time // when the primary's answer completed
+	RequestID string    // the gateway's request id, if any
+	Session   string    // the hash of the session (never the session id itself)
+	Endpoint  string    // the request path, e.g. /v1/chat/completions
+	// Request is the redacted request body (see Redact); nil when not kept.
+	Request json.RawMessage
+	// Primary and Candidate are the two answers (text bounded by MaxStoredText).
+	Primary, Candidate Answer
+	// Replica is the primary cluster's second answer, when one was made.
+	Replica *Answer
+	// ReplicaSimilarity is the noise-floor sample of Replica (see ReplicaSimilarity);
+	// valid when ReplicaValid.
+	ReplicaSimilarity float64
+	ReplicaValid      bool
+	// Result is the comparison of Candidate against Primary.
+	Result PairResult
+}
+
+// NewPairRecord builds a record from what the mirror has at hand: the raw request body
+// (redacted here with Redact), both answers and their comparison. Texts are bounded.
+// Replica may be nil; when given, its noise-floor similarity is computed.
+func NewPairRecord(route string, at time.Time, body []byte, primary, candidate Answer, replica *Answer, res PairResult) PairRecord {
+	r := PairRecord{Route: route, Time: at, Request: Redact(body), Primary: boundAnswer(primary),
+		Candidate: boundAnswer(candidate), Result: res}
+	if replica != nil {
+		rep := boundAnswer(*replica)
+		r.Replica = &rep
+		r.ReplicaSimilarity, r.ReplicaValid = ReplicaSimilarity(primary, *replica)
+	}
+	return r
+}
+
+// PairResult returns the comparison to feed Accumulator.Add.
+func (r PairRecord) PairResult() PairResult { return r.Result }
+
+// VerdictRecord is one stored verdict with the sample counts behind it and the action the
+// gateway took on it (for example "weight 10→20", "weight 20→0", or "" for none).
+type VerdictRecord struct {
+	ID       int64
+	Route    string
+	Time     time.Time
+	Verdict  Verdict
+	Pairs    int64 // pairs behind the verdict (the gateway stores the accumulator's totals)
+	Replicas int64 // replica comparisons (noise-floor samples) behind it
+	Action   string
+}
+
+// Store keeps pairs and verdicts in an embedded SQLite database. It is safe for concurrent
+// use.
+type Store struct {
+	db   *sql.DB
+	path string
+}
+
+// OpenStore opens (creating if needed) the store at path; "" or ":memory:" keeps it in
+// memory for the life of the Store. A file store uses WAL mode, so a report can read it
+// while the gateway writes, and waits up to 5 s for a lock. The tables are created or
+// migrated to SchemaVersion.
+func OpenStore(ctx context.Context, path string) (*Store, error) {
+	mem := path == "" || path == ":memory:"
+	var dsn string
+	if mem {
+		dsn = ":memory:"
+	} else {
+		esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+		dsn = "file:" + esc + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("shadow store %s: %w", describePath(path), err)
+	}
+	if mem {
+		// Every connection to ":memory:" is a database of its own: keep exactly one.
+		db.SetMaxOpenConns(1)
+		db.SetMaxIdleConns(1)
+		db.SetConnMaxLifetime(0)
+		db.SetConnMaxIdleTime(0)
+	} else {
+		// One writer at a time anyway; a few readers for reports.
+		db.SetMaxOpenConns(4)
+	}
+	s := &Store{db: db, path: path}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: %w", describePath(path), err)
+	}
+	return s, nil
+}
+
+func describePath(p string) string {
+	if p == "" || p == ":memory:" {
+		return "(in memory)"
+	}
+	return p
+}
+
+// Path returns the file the store lives in ("" or ":memory:" in memory).
+func (s *Store) Path() string { return s.path }
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// sideCols are the columns of one answer and its checks, prefixed p_, c_ or r_.
+var answerCols = []string{"status", "error_class", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens", "finish_reason", "text", "tool_calls"}
+var checkCols = []string{"ok", "abnormal", "json_valid", "schema_checked", "schema_broken", "tool_checked", "tool_broken", "problems"}
+
+func prefixed(p string, cols []string) []string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = p + c
+	}
+	return out
+}
+
+func colDefs(p string) string {
+	types := map[string]string{"status": "INTEGER", "error_class": "TEXT", "ttft_ms": "REAL", "itl_ms": "REAL",
+		"e2e_ms": "REAL", "output_tokens": "INTEGER", "finish_reason": "TEXT", "text": "TEXT", "tool_calls": "TEXT",
+		"ok": "INTEGER", "abnormal": "INTEGER", "json_valid": "INTEGER", "schema_checked": "INTEGER",
+		"schema_broken": "INTEGER", "tool_checked": "INTEGER", "tool_broken": "INTEGER", "problems": "TEXT"}
+	cols := answerCols
+	if p != "r_" {
+		cols = append(append([]string(nil), answerCols...), checkCols...)
+	}
+	var b strings.Builder
+	for _, c := range cols {
+		fmt.Fprintf(&b, ",\n\t%s%s %s", p, c, types[c])
+	}
+	return b.String()
+}
+
+// migrations[i] brings the schema from version i to i+1.
+var migrations = []string{
+	`CREATE TABLE pairs (
+	id INTEGER PRIMARY KEY AUTOINCREMENT,
+	route TEXT NOT NULL,
+	ts_ns INTEGER NOT NULL,
+	request_id TEXT NOT NULL DEFAULT '',
+	session_hash TEXT NOT NULL DEFAULT '',
+	endpoint TEXT NOT NULL DEFAULT '',
+	request TEXT` + colDefs("p_") + colDefs("c_") + `,
+	r_present INTEGER NOT NULL DEFAULT 0` + colDefs("r_") + `,
+	similarity REAL,
+	replica_similarity REAL,
+	tool_names_match INTEGER,
+	notes TEXT
+);
+CREATE INDEX pairs_route_ts ON pairs(route, ts_ns, id);
+CREATE TABLE verdicts (
+	id INTEGER PRIMARY KEY AUTOINCREMENT,
+	route TEXT NOT NULL,
+	ts_ns INTEGER NOT NULL,
+	decision TEXT NOT NULL,
+	reason TEXT NOT NULL,
+	evidence TEXT NOT NULL,
+	pairs INTEGER NOT NULL DEFAULT 0,
+	replicas INTEGER NOT NULL DEFAULT 0,
+	action TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX verdicts_route_ts ON verdicts(route, ts_ns, id);`,
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("create schema_version: %w", err)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	var v int
+	err = tx.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version(version) VALUES (0)`); err != nil {
+			return fmt.Errorf("init schema_version: %w", err)
+		}
+	case err != nil:
+		return fmt.Errorf("read schema_version: %w", err)
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("schema version %d is newer than this binary's %d: use a newer sluice", v, len(migrations))
+	}
+	for i := v; i < len(migrations); i++ {
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			return fmt.Errorf("migrate to version %d: %w", i+1, err)
+		}
+	}
+	if v < len(migrations) {
+		if _, err := tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, len(migrations)); err != nil {
+			return fmt.Errorf("set schema_version: %w", err)
+		}
+	}
+	return tx.Commit()
+}
+
+// cut bounds s to n bytes at a rune boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func boundAnswer(a Answer) Answer {
+	a.Text = maskSecrets(cut(a.Text, MaxStoredText))
+	a.ErrorClass = cut(a.ErrorClass, MaxNameLen)
+	a.FinishReason = cut(a.FinishReason, MaxNameLen)
+	if len(a.ToolCalls) > MaxStoredToolCalls {
+		a.ToolCalls = a.ToolCalls[:MaxStoredToolCalls]
+	}
+	if len(a.ToolCalls) > 0 {
+		calls := make([]ToolCall, len(a.ToolCalls))
+		for i, c := range a.ToolCalls {
+			calls[i] = ToolCall{Name: cut(c.Name, MaxNameLen), Arguments: maskSecrets(cut(c.Arguments, MaxStoredText))}
+		}
+		a.ToolCalls = calls
+	}
+	return a
+}
+
+func boundList(xs []string) []string {
+	if len(xs) > MaxStoredProblems {
+		xs = xs[:MaxStoredProblems]
+	}
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = cut(x, MaxProblemLen)
+	}
+	return out
+}
+
+func durMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func msDur(v float64) time.Duration {
+	if math.IsNaN(v) || math.IsInf(v, 0) || math.Abs(v) > float64(math.MaxInt64/int64(time.Millisecond)) {
+		return 0
+	}
+	return time.Duration(math.Round(v * float64(time.Millisecond)))
+}
+
+func jsonList(xs []string) (string, error) {
+	if len(xs) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(boundList(xs))
+	return string(b), err
+}
+
+func answerValues(a Answer) ([]any, error) {
+	a = boundAnswer(a)
+	var calls any
+	if len(a.ToolCalls) > 0 {
+		sc := make([]ExportToolCall, len(a.ToolCalls))
+		for i, c := range a.ToolCalls {
+			sc[i] = ExportToolCall(c)
+		}
+		b, err := json.Marshal(sc)
+		if err != nil {
+			return nil, fmt.Errorf("tool calls: %w", err)
+		}
+		calls = string(b)
+	}
+	return []any{a.Status, a.ErrorClass, durMS(a.TTFT), durMS(a.ITL), durMS(a.E2E), a.OutputTokens, a.FinishReason, a.Text, calls}, nil
+}
+
+func checkValues(s SideResult) ([]any, error) {
+	probs, err := jsonList(s.Problems)
+	if err != nil {
+		return nil, err
+	}
+	return []any{s.OK, s.AbnormalFinish, s.JSONValid, s.SchemaChecked, s.SchemaBroken, s.ToolCallChecked, s.ToolCallBroken, probs}, nil
+}
+
+func nullFloat(v float64, valid bool) any {
+	if !valid || math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return v
+}
+
+// AddPair stores one pair. Names, texts, problems and the request are bounded; the request
+// must already be redacted (NewPairRecord does it) and is stored only if it is JSON.
+func (s *Store) AddPair(ctx context.Context, r PairRecord) error {
+	if r.Route == "" {
+		return errors.New("shadow store: add pair: route is empty")
+	}
+	cols := []string{"route", "ts_ns", "request_id", "session_hash", "endpoint", "request"}
+	var req any
+	if len(r.Request) > 0 {
+		if len(r.Request) > MaxRedactedBytes || !json.Valid(r.Request) {
+			req = string(Redact(r.Request)) // bounds it, or gives "" when not JSON
+			if req == "" {
+				req = nil
+			}
+		} else {
+			req = string(r.Request)
+		}
+	}
+	ts := r.Time
+	if ts.IsZero() {
+		ts = time.Now()
+	}
+	vals := []any{cut(r.Route, MaxNameLen), ts.UnixNano(), cut(r.RequestID, MaxNameLen), cut(r.Session, MaxNameLen),
+		cut(r.Endpoint, MaxNameLen), req}
+	for _, side := range []struct {
+		p   string
+		a   Answer
+		chk SideResult
+	}{{"p_", r.Primary, r.Result.Primary}, {"c_", r.Candidate, r.Result.Candidate}} {
+		av, err := answerValues(side.a)
+		if err != nil {
+			return fmt.Errorf("shadow store: add pair: %w", err)
+		}
+		cv, err := checkValues(side.chk)
+		if err != nil {
+			return fmt.Errorf("shadow store: add pair: %w", err)
+		}
+		cols = append(append(cols, prefixed(side.p, answerCols)...), prefixed(side.p, checkCols)...)
+		vals = append(append(vals, av...), cv...)
+	}
+	if r.Replica != nil {
+		av, err := answerValues(*r.Replica)
+		if err != nil {
+			return fmt.Errorf("shadow store: add pair: %w", err)
+		}
+		cols = append(append(cols, "r_present"), prefixed("r_", answerCols)...)
+		vals = append(append(vals, true), av...)
+	}
+	notes, err := jsonList(r.Result.Notes)
+	if err != nil {
+		return fmt.Errorf("shadow store: add pair: %w", err)
+	}
+	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes")
+	vals = append(vals, nullFloat(r.Result.Similarity, r.Result.SimilarityValid),
+		nullFloat(r.ReplicaSimilarity, r.ReplicaValid), r.Result.ToolNamesMatch, notes)
+	q := "INSERT INTO pairs (" + strings.Join(cols, ", ") + ") VALUES (" + strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
+	if _, err := s.db.ExecContext(ctx, q, vals...); err != nil {
+		return fmt.Errorf("shadow store: add pair: %w", err)
+	}
+	return nil
+}
+
+// AddVerdict stores one verdict with its evidence.
+func (s *Store) AddVerdict(ctx context.Context, v VerdictRecord) error {
+	if v.Route == "" {
+		return errors.New("shadow store: add verdict: route is empty")
+	}
+	ev := v.Verdict.Evidence
+	if ev == nil {
+		ev = []Evidence{}
+	}
+	b, err := json.Marshal(sanitizeEvidence(ev))
+	if err != nil {
+		return fmt.Errorf("shadow store: add verdict: evidence: %w", err)
+	}
+	ts := v.Time
+	if ts.IsZero() {
+		ts = time.Now()
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO verdicts (route, ts_ns, decision, reason, evidence, pairs, replicas, action)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, cut(v.Route, MaxNameLen), ts.UnixNano(), cut(string(v.Verdict.Decision), MaxNameLen),
+		cut(v.Verdict.Reason, MaxProblemLen*4), string(b), v.Pairs, v.Replicas, cut(v.Action, MaxNameLen))
+	if err != nil {
+		return fmt.Errorf("shadow store: add verdict: %w", err)
+	}
+	return nil
+}
+
+// sanitizeEvidence replaces the non-finite numbers JSON cannot hold (an infinite effect
+// when the primary's median is zero) by the largest finite ones.
+func sanitizeEvidence(ev []Evidence) []Evidence {
+	out := make([]Evidence, len(ev))
+	for i, e := range ev {
+		for _, f := range []*float64{&e.Statistic, &e.Z, &e.P, &e.Effect, &e.Bound, &e.Primary, &e.Cand} {
+			*f = finiteOr(*f)
+		}
+		out[i] = e
+	}
+	return out
+}
+
+func finiteOr(f float64) float64 {
+	switch {
+	case math.IsNaN(f):
+		return 0
+	case math.IsInf(f, 1):
+		return math.MaxFloat64
+	case math.IsInf(f, -1):
+		return -math.MaxFloat64
+	}
+	return f
+}
+
+func clampLimit(limit int) int {
+	switch {
+	case limit <= 0:
+		return DefaultQueryLimit
+	case limit > MaxQueryLimit:
+		return MaxQueryLimit
+	}
+	return limit
+}
+
+// pairSelect lists the columns scanPair reads, in order.
+var pairSelect = strings.Join(append(append(append(append(append([]string{"id", "route", "ts_ns", "request_id",
+	"session_hash", "endpoint", "request"}, prefixed("p_", append(append([]string(nil), answerCols...), checkCols...))...),
+	prefixed("c_", append(append([]string(nil), answerCols...), checkCols...))...), "r_present"),
+	prefixed("r_", answerCols)...), "similarity", "replica_similarity", "tool_names_match", "notes"), ", ")
+
+type answerScan struct {
+	status, tokens             sql.NullInt64
+	errClass, finish, text, tc sql.NullString
+	ttft, itl, e2e             sql.NullFloat64
+}
+
+func (a *answerScan) dest() []any {
+	return []any{&a.status, &a.errClass, &a.ttft, &a.itl, &a.e2e, &a.tokens, &a.finish, &a.text, &a.tc}
+}
+
+func (a *answerScan) answer() (Answer, error) {
+	out := Answer{Status: int(a.status.Int64), ErrorClass: a.errClass.String, TTFT: msDur(a.ttft.Float64),
+		ITL: msDur(a.itl.Float64), E2E: msDur(a.e2e.Float64), OutputTokens: int(a.tokens.Int64),
+		FinishReason: a.finish.String, Text: a.text.String}
+	if a.tc.String != "" {
+		var sc []ExportToolCall
+		if err := json.Unmarshal([]byte(a.tc.String), &sc); err != nil {
+			return out, fmt.Errorf("tool calls: %w", err)
+		}
+		for _, c := range sc {
+			out.ToolCalls = append(out.ToolCalls, ToolCall(c))
+		}
+	}
+	return out, nil
+}
+
+type checkScan struct {
+	ok, abnormal, jsonValid, schemaChecked, schemaBroken, toolChecked, toolBroken sql.NullBool
+	problems                                                                      sql.NullString
+}
+
+func (c *checkScan) dest() []any {
+	return []any{&c.ok, &c.abnormal, &c.jsonValid, &c.schemaChecked, &c.schemaBroken, &c.toolChecked, &c.toolBroken, &c.problems}
+}
+
+func (c *checkScan) side(a Answer) (SideResult, error) {
+	s := SideResult{OK: c.ok.Bool, AbnormalFinish: c.abnormal.Bool, TTFT: a.TTFT, ITL: a.ITL, E2E: a.E2E,
+		OutputTokens: a.OutputTokens, JSONValid: c.jsonValid.Bool, SchemaChecked: c.schemaChecked.Bool,
+		SchemaBroken: c.schemaBroken.Bool, ToolCallChecked: c.toolChecked.Bool, ToolCallBroken: c.toolBroken.Bool}
+	var err error
+	s.Problems, err = parseList(c.problems.String)
+	return s, err
+}
+
+func parseList(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []string
+	if err := json.Unmarshal([]byte(s), &out); err != nil {
+		return nil, fmt.Errorf("list %q: %w", cut(s, 64), err)
+	}
+	return out, nil
+}
+
+func scanPair(rows *sql.Rows) (PairRecord, error) {
+	var (
+		r                 PairRecord
+		tsNS              int64
+		req               sql.NullString
+		pa, ca, ra        answerScan
+		pc, cc            checkScan
+		rPresent          sql.NullBool
+		sim, repSim       sql.NullFloat64
+		namesMatch        sql.NullBool
+		notes             sql.NullString
+		reqID, sess, endp sql.NullString
+	)
+	dest := []any{&r.ID, &r.Route, &tsNS, &reqID, &sess, &endp, &req}
+	dest = append(append(dest, pa.dest()...), pc.dest()...)
+	dest = append(append(dest, ca.dest()...), cc.dest()...)
+	dest = append(append(dest, &rPresent), ra.dest()...)
+	dest = append(dest, &sim, &repSim, &namesMatch, &notes)
+	if err := rows.Scan(dest...); err != nil {
+		return r, err
+	}
+	r.Time = time.Unix(0, tsNS)
+	r.RequestID, r.Session, r.Endpoint = reqID.String, sess.String, endp.String
+	if req.Valid && req.String != "" {
+		r.Request = json.RawMessage(req.String)
+	}
+	var err error
+	if r.Primary, err = pa.answer(); err != nil {
+		return r, fmt.Errorf("pair %d primary: %w", r.ID, err)
+	}
+	if r.Candidate, err = ca.answer(); err != nil {
+		return r, fmt.Errorf("pair %d candidate: %w", r.ID, err)
+	}
+	if rPresent.Bool {
+		rep, err := ra.answer()
+		if err != nil {
+			return r, fmt.Errorf("pair %d replica: %w", r.ID, err)
+		}
+		r.Replica = &rep
+	}
+	res := PairResult{
+		StatusMatch:     r.Primary.Status == r.Candidate.Status,
+		ErrorClassMatch: r.Primary.ErrorClass == r.Candidate.ErrorClass,
+		FinishMatch:     r.Primary.FinishReason == r.Candidate.FinishReason,
+		TTFTDelta:       r.Candidate.TTFT - r.Primary.TTFT,
+		ITLDelta:        r.Candidate.ITL - r.Primary.ITL,
+		E2EDelta:        r.Candidate.E2E - r.Primary.E2E,
+		TokenDelta:      r.Candidate.OutputTokens - r.Primary.OutputTokens,
+		Similarity:      sim.Float64,
+		SimilarityValid: sim.Valid,
+		ToolNamesMatch:  namesMatch.Bool,
+	}
+	if res.Primary, err = pc.side(r.Primary); err != nil {
+		return r, fmt.Errorf("pair %d primary problems: %w", r.ID, err)
+	}
+	if res.Candidate, err = cc.side(r.Candidate); err != nil {
+		return r, fmt.Errorf("pair %d candidate problems: %w", r.ID, err)
+	}
+	if res.Notes, err = parseList(notes.String); err != nil {
+		return r, fmt.Errorf("pair %d notes: %w", r.ID, err)
+	}
+	r.Result = res
+	r.ReplicaSimilarity, r.ReplicaValid = repSim.Float64, repSim.Valid
+	return r, nil
+}
+
+// Pairs returns up to limit pairs of route ("" for every route), newest first (limit ≤ 0:
+// DefaultQueryLimit; at most MaxQueryLimit).
+func (s *Store) Pairs(ctx context.Context, route string, limit int) ([]PairRecord, error) {
+	q := "SELECT " + pairSelect + " FROM pairs"
+	args := []any{}
+	if route != "" {
+		q += " WHERE route = ?"
+		args = append(args, route)
+	}
+	q += " ORDER BY ts_ns DESC, id DESC LIMIT ?"
+	args = append(args, clampLimit(limit))
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("shadow store: pairs: %w", err)
+	}
+	defer rows.Close()
+	var out []PairRecord
+	for rows.Next() {
+		r, err := scanPair(rows)
+		if err != nil {
+			return nil, fmt.Errorf("shadow store: pairs: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("shadow store: pairs: %w", err)
+	}
+	return out, nil
+}
+
+// Verdicts returns up to limit verdicts of route ("" for every route), newest first.
+func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
+	q := "SELECT id, route, ts_ns, decision, reason, evidence, pairs, replicas, action FROM verdicts"
+	args := []any{}
+	if route != "" {
+		q += " WHERE route = ?"
+		args = append(args, route)
+	}
+	q += " ORDER BY ts_ns DESC, id DESC LIMIT ?"
+	args = append(args, clampLimit(limit))
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("shadow store: verdicts: %w", err)
+	}
+	defer rows.Close()
+	var out []VerdictRecord
+	for rows.Next() {
+		var (
+			v        VerdictRecord
+			tsNS     int64
+			decision string
+			evidence string
+		)
+		if err := rows.Scan(&v.ID, &v.Route, &tsNS, &decision, &v.Verdict.Reason, &evidence, &v.Pairs, &v.Replicas, &v.Action); err != nil {
+			return nil, fmt.Errorf("shadow store: verdicts: %w", err)
+		}
+		v.Time = time.Unix(0, tsNS)
+		v.Verdict.Decision = Decision(decision)
+		if err := json.Unmarshal([]byte(evidence), &v.Verdict.Evidence); err != nil {
+			return nil, fmt.Errorf("shadow store: verdict %d evidence: %w", v.ID, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("shadow store: verdicts: %w", err)
+	}
+	return out, nil
+}
+
+// Routes returns the routes that have pairs or verdicts, sorted.
+func (s *Store) Routes(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT route FROM pairs UNION SELECT DISTINCT route FROM verdicts`)
+	if err != nil {
+		return nil, fmt.Errorf("shadow store: routes: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var r string
+		if err := rows.Scan(&r); err != nil {
+			return nil, fmt.Errorf("shadow store: routes: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("shadow store: routes: %w", err)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Count returns how many pairs and verdicts of route ("" for all) are stored.
+func (s *Store) Count(ctx context.Context, route string) (pairs, verdicts int64, err error) {
+	for _, t := range []struct {
+		table string
+		n     *int64
+	}{{"pairs", &pairs}, {"verdicts", &verdicts}} {
+		q := "SELECT COUNT(*) FROM " + t.table
+		var args []any
+		if route != "" {
+			q += " WHERE route = ?"
+			args = append(args, route)
+		}
+		if err := s.db.QueryRowContext(ctx, q, args...).Scan(t.n); err != nil {
+			return 0, 0, fmt.Errorf("shadow store: count %s: %w", t.table, err)
+		}
+	}
+	return pairs, verdicts, nil
+}
+
+// Prune keeps the newest keep pairs and the newest keep verdicts of route and deletes the
+// older ones; route "" prunes every route (keep per route). keep ≤ 0 deletes all of them.
+func (s *Store) Prune(ctx context.Context, route string, keep int) error {
+	routes := []string{route}
+	if route == "" {
+		var err error
+		if routes, err = s.Routes(ctx); err != nil {
+			return err
+		}
+	}
+	keep = max(keep, 0)
+	for _, r := range routes {
+		for _, table := range []string{"pairs", "verdicts"} {
+			// The rows past the newest keep: usually few, found along the (route, ts_ns, id) index.
+			q := "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table +
+				" WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT -1 OFFSET ?)"
+			if _, err := s.db.ExecContext(ctx, q, r, keep); err != nil {
+				return fmt.Errorf("shadow store: prune %s of %q: %w", table, r, err)
+			}
+		}
+	}
+	return nil
+}
+
+// restoreSelect reads only what Accumulator.Add needs (no texts).
+var restoreSelect = func() string {
+	var cols []string
+	for _, p := range []string{"p_", "c_"} {
+		cols = append(cols, prefixed(p, answerCols[:6])...) // status … output_tokens
+		cols = append(cols, prefixed(p, checkCols[:7])...)  // ok … tool_broken
+	}
+	return strings.Join(append(cols, "similarity"), ", ")
+}()
+
+// Restore re-adds the newest window pairs of route (oldest first) to acc, and the newest
+// window replica similarities to its noise floor, so that a verdict survives a restart:
+// an accumulator of the same window then holds what the live one held. window ≤ 0 means
+// DefaultWindow.
+func (s *Store) Restore(ctx context.Context, route string, acc *Accumulator, window int) error {
+	if acc == nil {
+		return errors.New("shadow store: restore: nil accumulator")
+	}
+	if window <= 0 {
+		window = DefaultWindow
+	}
+	window = min(window, MaxQueryLimit)
+	results, err := s.restorePairs(ctx, route, window)
+	if err != nil {
+		return fmt.Errorf("shadow store: restore %q: %w", route, err)
+	}
+	noise, err := s.restoreNoise(ctx, route, window)
+	if err != nil {
+		return fmt.Errorf("shadow store: restore %q noise floor: %w", route, err)
+	}
+	for i := len(results) - 1; i >= 0; i-- {
+		acc.Add(results[i])
+	}
+	for i := len(noise) - 1; i >= 0; i-- {
+		acc.AddReplicaSimilarity(noise[i])
+	}
+	return nil
+}
+
+// restorePairs returns the newest window pairs' results, newest first.
+func (s *Store) restorePairs(ctx context.Context, route string, window int) ([]PairResult, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT "+restoreSelect+
+		" FROM pairs WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT ?", route, window)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []PairResult
+	for rows.Next() {
+		var (
+			pa, ca answerScan
+			pc, cc checkScan
+			sim    sql.NullFloat64
+		)
+		side := func(a *answerScan, c *checkScan) []any {
+			return append([]any{&a.status, &a.errClass, &a.ttft, &a.itl, &a.e2e, &a.tokens}, c.dest()[:7]...)
+		}
+		if err := rows.Scan(append(append(side(&pa, &pc), side(&ca, &cc)...), &sim)...); err != nil {
+			return nil, err
+		}
+		p, _ := pa.answer() // no tool calls or problems selected: cannot fail
+		c, _ := ca.answer()
+		ps, _ := pc.side(p)
+		cs, _ := cc.side(c)
+		out = append(out, PairResult{Primary: ps, Candidate: cs, Similarity: sim.Float64, SimilarityValid: sim.Valid})
+	}
+	return out, rows.Err()
+}
+
+// restoreNoise returns the newest window replica similarities, newest first.
+func (s *Store) restoreNoise(ctx context.Context, route string, window int) ([]float64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT replica_similarity FROM pairs
+		WHERE route = ? AND replica_similarity IS NOT NULL ORDER BY ts_ns DESC, id DESC LIMIT ?`, route, window)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []float64
+	for rows.Next() {
+		var v float64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}

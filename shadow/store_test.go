@@ -1,0 +1,344 @@
+package shadow
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testPair builds a compared pair; i varies latencies and texts, broken plants a schema
+// breakage on the candidate.
+func testPair(route string, i int, at time.Time, broken bool) PairRecord {
+	req := Request{ResponseFormat: FormatJSONObject}
+	p := Answer{Status: 200, TTFT: time.Duration(40+i) * time.Millisecond, ITL: 8 * time.Millisecond,
+		E2E: time.Duration(400+i) * time.Millisecond, OutputTokens: 50, FinishReason: "stop", Text: `{"answer": 42}`}
+	c := p
+	c.TTFT += 3 * time.Millisecond
+	if broken {
+		c.Text = "the answer is 42"
+	}
+	body := []byte(`{"model":"m","user":"alice@example.com","messages":[{"role":"user","content":"hi","name":"alice"}],"response_format":{"type":"json_object"},"stream":true}`)
+	r := NewPairRecord(route, at, body, p, c, nil, Compare(req, p, c))
+	r.RequestID = "req-" + route
+	r.Session = "s123"
+	r.Endpoint = "/v1/chat/completions"
+	if i%2 == 0 {
+		rep := p
+		rep.Text = `{"answer": 42, "note": "x"}`
+		r = NewPairRecord(route, at, body, p, c, &rep, Compare(req, p, c))
+		r.RequestID, r.Session, r.Endpoint = "req-"+route, "s123", "/v1/chat/completions"
+	}
+	return r
+}
+
+func posInf() float64 { return math.Inf(1) }
+
+func mkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+
+func sortFloats(xs []float64) { sort.Float64s(xs) }
+
+func openTestStores(t *testing.T) map[string]func() *Store {
+	t.Helper()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "shadow.db")
+	open := func(p string) func() *Store {
+		return func() *Store {
+			s, err := OpenStore(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+	}
+	return map[string]func() *Store{"memory": open(""), "file": open(path)}
+}
+
+func TestStoreRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2025, 3, 4, 5, 6, 7, 891011121, time.UTC)
+	for name, open := range openTestStores(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open()
+			want := []PairRecord{testPair("chat", 0, t0, false), testPair("chat", 1, t0.Add(time.Second), true),
+				testPair("other", 2, t0.Add(2*time.Second), false)}
+			for _, p := range want {
+				if err := s.AddPair(ctx, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Pairs(ctx, "chat", 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 2 || got[0].ID == 0 || !got[0].Time.Equal(want[1].Time) {
+				t.Fatalf("got %d pairs, first at %v", len(got), got)
+			}
+			for i, g := range got {
+				w := want[1-i]
+				g.ID = 0
+				g.Time = g.Time.UTC()
+				if !reflect.DeepEqual(g, w) {
+					t.Errorf("pair %d:\n got  %+v\n want %+v", i, g, w)
+				}
+			}
+			if !got[0].Result.Candidate.SchemaBroken || got[0].Result.Candidate.Problems == nil {
+				t.Errorf("planted breakage lost: %+v", got[0].Result.Candidate)
+			}
+			if got[1].Replica == nil || !got[1].ReplicaValid || got[1].ReplicaSimilarity <= 0 {
+				t.Errorf("replica lost: %+v", got[1])
+			}
+			if strings.Contains(string(got[0].Request), "alice") || !strings.Contains(string(got[0].Request), `"stream":true`) {
+				t.Errorf("request not redacted as expected: %s", got[0].Request)
+			}
+			all, err := s.Pairs(ctx, "", 0)
+			if err != nil || len(all) != 3 || all[0].Route != "other" {
+				t.Fatalf("all pairs: %d %v", len(all), err)
+			}
+			routes, err := s.Routes(ctx)
+			if err != nil || !reflect.DeepEqual(routes, []string{"chat", "other"}) {
+				t.Fatalf("routes %v %v", routes, err)
+			}
+		})
+	}
+}
+
+func TestStoreVerdicts(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
+	for name, open := range openTestStores(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open()
+			v := Verdict{Decision: Rollback, Reason: "regression: [ttft]", Evidence: []Evidence{
+				{Metric: MetricTTFT, Test: StatMannWhitney, NPrimary: 60, NCandidate: 60, P: 1e-9, Effect: 0.3, Bound: 0.1, Verdict: Regression},
+				{Metric: MetricE2E, Test: StatMannWhitney, P: 0.5, Effect: posInf(), Verdict: Inconclusive},
+			}}
+			for i, d := range []Decision{Hold, Rollback} {
+				vr := VerdictRecord{Route: "chat", Time: t0.Add(time.Duration(i) * time.Minute), Verdict: v, Pairs: 60, Replicas: 6, Action: "weight 10→0"}
+				vr.Verdict.Decision = d
+				if err := s.AddVerdict(ctx, vr); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Verdicts(ctx, "chat", 5)
+			if err != nil || len(got) != 2 {
+				t.Fatalf("%d verdicts, %v", len(got), err)
+			}
+			g := got[0]
+			if g.Verdict.Decision != Rollback || g.Action != "weight 10→0" || g.Pairs != 60 || g.Replicas != 6 ||
+				len(g.Verdict.Evidence) != 2 || g.Verdict.Evidence[0].Verdict != Regression || g.Verdict.Evidence[1].Effect <= 1e300 {
+				t.Fatalf("verdict %+v", g)
+			}
+			if got[1].Verdict.Decision != Hold {
+				t.Fatalf("order: %v then %v", got[0].Verdict.Decision, got[1].Verdict.Decision)
+			}
+			if err := s.AddVerdict(ctx, VerdictRecord{}); err == nil {
+				t.Error("verdict without a route was accepted")
+			}
+			if err := s.AddPair(ctx, PairRecord{}); err == nil {
+				t.Error("pair without a route was accepted")
+			}
+		})
+	}
+}
+
+func TestStorePersistsAcrossReopen(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "sub dir", "shadow?#%.db")
+	if err := mkdirAll(filepath.Dir(path)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenStore(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	for i := range 30 {
+		if err := s.AddPair(ctx, testPair("chat", i, t0.Add(time.Duration(i)*time.Millisecond), false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.AddVerdict(ctx, VerdictRecord{Route: "chat", Verdict: Verdict{Decision: Promote, Reason: "ok"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = OpenStore(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ps, vs, err := s.Count(ctx, "chat")
+	if err != nil || ps != 30 || vs != 1 {
+		t.Fatalf("after reopen: %d pairs, %d verdicts, %v", ps, vs, err)
+	}
+	if err := s.Prune(ctx, "", 10); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Pairs(ctx, "chat", 100)
+	if err != nil || len(got) != 10 || got[9].Result.Primary.TTFT != 60*time.Millisecond {
+		t.Fatalf("after prune: %d pairs, last TTFT %v, %v", len(got), got[len(got)-1].Result.Primary.TTFT, err)
+	}
+	if err := s.Prune(ctx, "chat", 0); err != nil {
+		t.Fatal(err)
+	}
+	if ps, vs, _ := s.Count(ctx, ""); ps != 0 || vs != 0 {
+		t.Fatalf("prune to 0 left %d pairs %d verdicts", ps, vs)
+	}
+}
+
+func TestStoreRefusesNewerSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "new.db")
+	s, err := OpenStore(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.db.ExecContext(ctx, `UPDATE schema_version SET version = 99`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := OpenStore(ctx, path); err == nil || !strings.Contains(err.Error(), "newer than this binary") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestStoreRestore(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name      string
+		n, window int
+		broken    bool
+	}{
+		{"all kept", 60, 100, false},
+		{"window cuts", 60, 20, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := OpenStore(ctx, ":memory:")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			live := NewAccumulator(tt.window)
+			t0 := time.Now()
+			for i := range tt.n {
+				p := testPair("chat", i, t0.Add(time.Duration(i)*time.Millisecond), tt.broken)
+				live.Add(p.Result)
+				if p.ReplicaValid {
+					live.AddReplicaSimilarity(p.ReplicaSimilarity)
+				}
+				if err := s.AddPair(ctx, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			restored := NewAccumulator(tt.window)
+			if err := s.Restore(ctx, "chat", restored, tt.window); err != nil {
+				t.Fatal(err)
+			}
+			a, b := live.Input(), restored.Input()
+			for _, in := range []*Input{&a, &b} { // ring order differs: compare as multisets
+				for _, xs := range [][]float64{in.Primary.TTFT, in.Primary.ITL, in.Primary.E2E, in.Candidate.TTFT,
+					in.Candidate.ITL, in.Candidate.E2E, in.CandidateSimilarity, in.NoiseFloor} {
+					sortFloats(xs)
+				}
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Fatalf("restored input differs:\n live     %+v\n restored %+v", a, b)
+			}
+			cfg := Config{MinSamples: 8}
+			va, _ := Evaluate(cfg, a)
+			vb, _ := Evaluate(cfg, b)
+			if va.Decision != vb.Decision {
+				t.Fatalf("verdict %s before restart, %s after", va.Decision, vb.Decision)
+			}
+			if tt.broken && vb.Decision != Rollback {
+				t.Errorf("planted schema breakage: %s (%s)", vb.Decision, vb.Reason)
+			}
+		})
+	}
+}
+
+func TestStoreBoundsAndBadInput(t *testing.T) {
+	ctx := context.Background()
+	s, err := OpenStore(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	long := strings.Repeat("é", MaxStoredText) // 2 bytes each
+	p := PairRecord{Route: strings.Repeat("r", 1000), Request: json.RawMessage(`not json`),
+		Primary: Answer{Text: long}, Candidate: Answer{Text: "key sk-abcdefghijklmnopqrstuvwx here"}}
+	p.Result.Candidate.Problems = make([]string, 100)
+	if err := s.AddPair(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Pairs(ctx, "", 1)
+	if err != nil || len(got) != 1 {
+		t.Fatal(err)
+	}
+	g := got[0]
+	if len(g.Route) != MaxNameLen || len(g.Primary.Text) > MaxStoredText || g.Request != nil ||
+		len(g.Result.Candidate.Problems) != MaxStoredProblems || strings.Contains(g.Candidate.Text, "sk-") {
+		t.Fatalf("bounds: route %d text %d request %q problems %d candidate %q", len(g.Route), len(g.Primary.Text),
+			g.Request, len(g.Result.Candidate.Problems), g.Candidate.Text)
+	}
+	if err := s.Restore(ctx, "x", nil, 0); err == nil {
+		t.Error("restore into nil accumulator")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Pairs(cctx, "", 1); err == nil {
+		t.Error("cancelled context: no error")
+	}
+}
+
+func TestStoreConcurrent(t *testing.T) {
+	ctx := context.Background()
+	for name, open := range openTestStores(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open()
+			const writers, each = 8, 15
+			errs := make(chan error, writers*2)
+			var wg sync.WaitGroup
+			for w := range writers {
+				wg.Add(2)
+				go func() {
+					defer wg.Done()
+					for i := range each {
+						if err := s.AddPair(ctx, testPair("chat", w*each+i, time.Now(), false)); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+				go func() {
+					defer wg.Done()
+					for range each {
+						if _, err := s.Pairs(ctx, "chat", 5); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if n, _, err := s.Count(ctx, "chat"); err != nil || n != writers*each {
+				t.Fatalf("%d pairs, %v", n, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,255 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	extensionservice "github.com/envoyproxy/go-control-plane/envoy/service/extension/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	cplog "github.com/envoyproxy/go-control-plane/pkg/log"
+	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+
+	"github.com/sluicegw/sluice/proxy/config"
+)
+
+// DefaultWatchInterval is how often the config file is checked for changes.
+const DefaultWatchInterval = time.Second
+
+// Options configure a Server.
+type Options struct {
+	// ConfigPath is the Sluice YAML config served (required).
+	ConfigPath string
+	// RouteConfig names the RouteConfiguration served (default DefaultRouteConfig).
+	RouteConfig string
+	// WatchInterval is how often ConfigPath is checked for changes (default 1s).
+	WatchInterval time.Duration
+	// Logger logs pushes and rejected files (default: discard).
+	Logger *slog.Logger
+	// GRPCOptions are passed to grpc.NewServer (credentials, keep-alive, limits).
+	GRPCOptions []grpc.ServerOption
+}
+
+// Server serves a config file over xDS (ADS, delta and state-of-the-world, plus CDS, EDS,
+// RDS and ECDS on their own services) from one go-control-plane snapshot cache. Every node
+// that connects gets the current snapshot; a changed, valid file becomes a new snapshot
+// (version: the config's version) pushed to every node; an invalid file is logged with every
+// problem and the previous snapshot keeps being served.
+type Server struct {
+	opts  Options
+	log   *slog.Logger
+	cache cache.SnapshotCache
+
+	mu      sync.Mutex
+	current *cache.Snapshot
+	version string
+	content []byte // of the file served
+	tried   []byte // of the file last read, valid or not
+	nodes   map[string]bool
+}
+
+// New loads the file (it must be valid) and builds the server. Nothing listens until Serve.
+func New(opts Options) (*Server, error) {
+	if opts.ConfigPath == "" {
+		return nil, errors.New("xds server: no config file")
+	}
+	if opts.RouteConfig == "" {
+		opts.RouteConfig = DefaultRouteConfig
+	}
+	if opts.WatchInterval <= 0 {
+		opts.WatchInterval = DefaultWatchInterval
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{opts: opts, log: opts.Logger, nodes: map[string]bool{}}
+	s.cache = cache.NewSnapshotCache(false, cache.IDHash{}, slogAdapter{opts.Logger})
+	if _, err := s.Reload(context.Background()); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Version is the version of the snapshot being served (the config's version).
+func (s *Server) Version() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version
+}
+
+// Nodes lists the node ids that have connected.
+func (s *Server) Nodes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.nodes))
+	for n := range s.nodes {
+		out = append(out, n)
+	}
+	return out
+}
+
+// Reload re-reads the file. Content unchanged since the last read does nothing; a valid new
+// config becomes the snapshot of every node (changed reports it); an invalid one is returned
+// (a *config.ValidationError lists every problem) and the old snapshot stays.
+func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
+	data, err := os.ReadFile(s.opts.ConfigPath)
+	if err != nil {
+		return false, fmt.Errorf("xds server: read config: %w", err)
+	}
+	s.mu.Lock()
+	same := s.current != nil && bytes.Equal(data, s.tried)
+	s.tried = data
+	s.mu.Unlock()
+	if same {
+		return false, nil
+	}
+	c, err := config.LoadFile(s.opts.ConfigPath)
+	if err != nil {
+		return false, err
+	}
+	res, err := Resources(c, s.opts.RouteConfig)
+	if err != nil {
+		return false, fmt.Errorf("config %s: %w", s.opts.ConfigPath, err)
+	}
+	snap, err := cache.NewSnapshot(c.Version, res)
+	if err != nil {
+		return false, fmt.Errorf("xds server: snapshot: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.version == c.Version {
+		s.content = data
+		return false, nil
+	}
+	s.current, s.version, s.content = snap, c.Version, data
+	var errs []error
+	for n := range s.nodes {
+		if err := s.cache.SetSnapshot(ctx, n, snap); err != nil {
+			errs = append(errs, fmt.Errorf("node %q: %w", n, err))
+		}
+	}
+	return true, errors.Join(errs...)
+}
+
+// seen gives a node the current snapshot the first time it asks for anything.
+func (s *Server) seen(node string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nodes[node] {
+		return nil
+	}
+	s.nodes[node] = true
+	s.log.Info("xds node connected", "node", node, "version", s.version)
+	if err := s.cache.SetSnapshot(context.Background(), node, s.current); err != nil {
+		return fmt.Errorf("xds server: snapshot for node %q: %w", node, err)
+	}
+	return nil
+}
+
+func (s *Server) callbacks() xdsserver.Callbacks {
+	return xdsserver.CallbackFuncs{
+		StreamRequestFunc: func(_ int64, r *discoverygrpc.DiscoveryRequest) error {
+			if n := r.GetNode().GetId(); n != "" {
+				return s.seen(n)
+			}
+			return nil
+		},
+		StreamDeltaRequestFunc: func(_ int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
+			if n := r.GetNode().GetId(); n != "" {
+				return s.seen(n)
+			}
+			return nil
+		},
+		FetchRequestFunc: func(_ context.Context, r *discoverygrpc.DiscoveryRequest) error {
+			if n := r.GetNode().GetId(); n != "" {
+				return s.seen(n)
+			}
+			return nil
+		},
+	}
+}
+
+// Serve serves xDS on ln and watches the file until ctx ends; then it stops the gRPC server
+// (closing the streams) and returns nil. It closes ln.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	xs := xdsserver.NewServer(ctx, s.cache, s.callbacks())
+	gs := grpc.NewServer(s.opts.GRPCOptions...)
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, xs)
+	clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(gs, xs)
+	routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
+	extensionservice.RegisterExtensionConfigDiscoveryServiceServer(gs, xs)
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.watch(ctx)
+	}()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- gs.Serve(ln) }()
+	s.log.Info("xds control plane serving", "addr", ln.Addr().String(), "config", s.opts.ConfigPath, "version", s.Version())
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+		err = fmt.Errorf("xds server: %w", err)
+	}
+	cancel()
+	gs.Stop() // xDS streams never end by themselves: a graceful stop would wait forever
+	if err == nil {
+		<-serveErr
+	}
+	wg.Wait()
+	return err
+}
+
+func (s *Server) watch(ctx context.Context) {
+	t := time.NewTicker(s.opts.WatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		changed, err := s.Reload(ctx)
+		var ve *config.ValidationError
+		switch {
+		case errors.As(err, &ve):
+			s.log.Error("config file rejected; the previous snapshot keeps being served",
+				"file", s.opts.ConfigPath, "version", s.Version(), "problems", len(ve.Problems))
+			for _, p := range ve.Problems {
+				s.log.Error("config problem", "file", s.opts.ConfigPath, "problem", p)
+			}
+		case err != nil:
+			s.log.Error("config file rejected; the previous snapshot keeps being served", "file", s.opts.ConfigPath, "err", err)
+		case changed:
+			s.log.Info("config pushed", "file", s.opts.ConfigPath, "version", s.Version(), "nodes", len(s.Nodes()))
+		}
+	}
+}
+
+// slogAdapter is go-control-plane's logger on slog (its debug chatter at debug level).
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Debugf(format string, args ...any) { a.l.Debug(fmt.Sprintf(format, args...)) }
+func (a slogAdapter) Infof(format string, args ...any)  { a.l.Debug(fmt.Sprintf(format, args...)) }
+func (a slogAdapter) Warnf(format string, args ...any)  { a.l.Warn(fmt.Sprintf(format, args...)) }
+func (a slogAdapter) Errorf(format string, args ...any) { a.l.Error(fmt.Sprintf(format, args...)) }
+
+var _ cplog.Logger = slogAdapter{}
