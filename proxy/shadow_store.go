@@ -54,6 +54,9 @@ func (sh *shadowing) recordPair(ctx context.Context, j *mirrorJob, rec shadow.Pa
 		rec.Session = hex.EncodeToString(sum[:8])
 	}
 	rec.Endpoint = j.endpoint
+	// The pair is complete: keep it even when the mirror is being stopped.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	if err := st.AddPair(ctx, rec); err != nil {
 		sh.srv.log.Warn("shadow pair not stored", "route", j.route.name, "err", err)
 	}

@@ -36,6 +36,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	slo := fs.String("slo", "ttft=250ms,itl=50ms", "SLO for goodput and attainment (sluice load's --slo syntax)")
 	verbose := fs.Bool("v", false, "show the gateway's logs")
 	chaosPhase := fs.Bool("chaos", true, "run the chaos phase: faults on the primary while the workload runs")
+	shadowRequests := fs.Int("shadow-requests", 96, "requests of the shadow phase (0: no shadow phase): a slower, flakier candidate is mirrored and judged")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice demo [--requests N] [--turns T] [--concurrency C] [--max-tokens T] [--slo S] [-v]
 
@@ -46,6 +47,9 @@ inter-token latency percentiles), then goodput, SLO attainment, context fidelity
 turns and the injector's scheduling lag. Then a chaos phase: aborts, stalls before the first
 token, streams cut mid-way and malformed chunks on the primary while the same workload runs,
 and a table of the faults injected against what the client saw (fallbacks, resumed streams).
+Last a shadow phase: a new config (applied live) mirrors the llama route to a candidate
+server that is slower to the first token and fails 5% of requests; the pairs are compared
+and the promote / hold / rollback verdict is printed with its evidence.
 
 Flags:
 `)
@@ -83,17 +87,11 @@ Flags:
 	}
 	defer small.stop()
 
-	var yml bytes.Buffer
-	if err := template.Must(template.New("demo").Parse(demoConfig)).Execute(&yml, map[string]string{
-		"Primary": primary.addr, "Fallback": fallback.addr, "Small": small.addr,
-	}); err != nil {
-		return err
-	}
-	cfg, err := config.Parse(yml.Bytes())
+	addrs := map[string]string{"Primary": primary.addr, "Fallback": fallback.addr, "Small": small.addr}
+	cfg, err := demoConfigFor(addrs)
 	if err != nil {
 		return err
 	}
-	cfg.Source = "embedded demo config"
 	logLevel := slog.LevelWarn
 	if *verbose {
 		logLevel = slog.LevelInfo
@@ -174,7 +172,92 @@ Flags:
 			return err
 		}
 	}
+	if *shadowRequests > 0 {
+		if err := demoShadow(ctx, stdout, srv, addrs, *shadowRequests, nTurns, *concurrency, *maxTokens, sloLimits); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(stdout, "\nmetrics: http://%s/metrics was live during the run; try `sluice serve --upstream URL` and `sluice load --target URL` next.\n", srv.AdminAddr())
+	return nil
+}
+
+// demoConfigFor renders the embedded config with the simulators' addresses.
+func demoConfigFor(addrs map[string]string) (*config.Config, error) {
+	var yml bytes.Buffer
+	if err := template.Must(template.New("demo").Parse(demoConfig)).Execute(&yml, addrs); err != nil {
+		return nil, err
+	}
+	cfg, err := config.Parse(yml.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	cfg.Source = "embedded demo config"
+	return cfg, nil
+}
+
+// demoShadow mirrors the llama route to a deliberately worse candidate (first token twice as
+// slow, 5% of requests failing), runs the workload again and prints the shadow report.
+func demoShadow(ctx context.Context, w io.Writer, srv *proxy.Server, addrs map[string]string, requests, turns, concurrency, maxTokens int, slo load.SLO) error {
+	cand, err := startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 80 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
+		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, ErrorRate5xx: 0.05, Seed: 4})
+	if err != nil {
+		return fmt.Errorf("shadow phase: %w", err)
+	}
+	defer cand.stop()
+	with := map[string]string{"Candidate": cand.addr}
+	for k, v := range addrs {
+		with[k] = v
+	}
+	cfg, err := demoConfigFor(with)
+	if err != nil {
+		return fmt.Errorf("shadow phase: %w", err)
+	}
+	cfg.Source = "embedded demo config, chat-llama mirrored"
+	if err := srv.Apply(cfg); err != nil {
+		return fmt.Errorf("shadow phase: %w", err)
+	}
+	turns = min(turns, requests)
+	sessions := (requests + turns - 1) / turns
+	fmt.Fprintf(w, "\nshadow phase: config applied live; chat-llama mirrors every session to llama-candidate (first token\n")
+	fmt.Fprintf(w, "  twice as slow, 5%% of requests fail), a quarter of the copies also to llama-primary again; %d sessions × %d turns\n\n", sessions, turns)
+	sp, err := load.ParseSessions(fmt.Sprintf("n=%d,turns=%d,in=uniform:40:120,out=fixed:%d,think=gamma:2:10ms", sessions, turns, maxTokens))
+	if err != nil {
+		return err
+	}
+	rep, err := load.Run(ctx, load.Config{
+		Target: "http://" + srv.Addr(), Model: "llama-3-8b-sim", APIKey: "sk-demo", Workload: &load.Workload{Sessions: sp},
+		Concurrency: max(1, concurrency), SLO: slo, Seed: 11, Timeout: 30 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("shadow phase: %w", err)
+	}
+	// The last copies finish shortly after their primaries: wait until the pair count settles.
+	var last int64 = -1
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		r, err := srv.ShadowReport(ctx, false)
+		if err != nil {
+			return fmt.Errorf("shadow phase: %w", err)
+		}
+		n := int64(0)
+		for _, rr := range r.Routes {
+			n += rr.Samples.PairsTotal + rr.Mirror.Dropped
+		}
+		if n == last && n >= int64(rep.Requests) {
+			break
+		}
+		last = n
+		time.Sleep(200 * time.Millisecond)
+	}
+	report, err := srv.ShadowReport(ctx, true)
+	if err != nil {
+		return fmt.Errorf("shadow phase: %w", err)
+	}
+	fmt.Fprintf(w, "clients: %d requests, %d ok, %d failed (the primary served them all; the candidate saw copies)\n\n", rep.Requests, rep.OK, rep.Failed+rep.Aborted)
+	if err := report.WriteText(w); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "the same report: http://%s/admin/shadow (HTML), /admin/shadow.json; `sluice shadow report --admin http://%s`\n", srv.AdminAddr(), srv.AdminAddr())
 	return nil
 }
 

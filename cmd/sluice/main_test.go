@@ -58,10 +58,10 @@ func TestCommands(t *testing.T) {
 // succeeds and both routes report.
 func TestDemo(t *testing.T) {
 	var out, errb bytes.Buffer
-	if code := run([]string{"demo", "--requests", "8", "--concurrency", "4", "--max-tokens", "8"}, &out, &errb); code != 0 {
+	if code := run([]string{"demo", "--requests", "8", "--concurrency", "4", "--max-tokens", "8", "--shadow-requests", "48"}, &out, &errb); code != 0 {
 		t.Fatalf("demo exit %d\nstdout: %s\nstderr: %s", code, out.String(), errb.String())
 	}
-	for _, want := range []string{"chat-llama", "chat-small", "8 requests in"} {
+	for _, want := range []string{"chat-llama", "chat-small", "8 requests in", "shadow phase", "rollback"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
