@@ -16,16 +16,22 @@ import (
 // newTestServer builds a server (not started: no listener, no health checks) for one endpoint.
 func newTestServer(t *testing.T, endpoint string) *Server {
 	t.Helper()
-	cfg, err := config.Parse([]byte(`listen: 127.0.0.1:0
+	return newConfiguredServer(t, `listen: 127.0.0.1:0
 admin: {listen: 127.0.0.1:0}
 clusters:
   - name: main
-    endpoints: [{url: "` + endpoint + `"}]
+    endpoints: [{url: "`+endpoint+`"}]
     health_check: {disabled: true}
     api_key: sk-cluster
 routes:
   - {name: all, cluster: main}
-`))
+`)
+}
+
+// newConfiguredServer builds a server from a YAML config (not started), closed at the end.
+func newConfiguredServer(t *testing.T, yml string) *Server {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,6 +45,7 @@ routes:
 		for _, cl := range st.clusters {
 			cl.Close()
 		}
+		srv.shadow.close()
 	})
 	return srv
 }

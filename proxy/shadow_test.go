@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +10,7 @@ import (
 )
 
 func TestProgression(t *testing.T) {
-	cfg, err := config.Parse([]byte(`listen: 127.0.0.1:0
+	srv := newConfiguredServer(t, `listen: 127.0.0.1:0
 admin: {listen: 127.0.0.1:0}
 clusters:
   - {name: main, endpoints: [{url: "http://127.0.0.1:1"}], health_check: {disabled: true}}
@@ -20,22 +19,8 @@ routes:
   - name: chat
     splits: [{cluster: main, weight: 100}, {cluster: cand, weight: 0}]
     mirror: {cluster: cand, fraction: 1, progression: {step: 10, interval: 1m, max: 25}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(Options{Config: cfg, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		st := srv.state.Load()
-		st.stop()
-		for _, cl := range st.clusters {
-			cl.Close()
-		}
-		srv.shadow.close()
-	})
+`)
+	cfg := srv.Config()
 	mr := &mirrorRoute{name: "chat"}
 	mr.cfg.Store(cfg.Routes[0].Mirror)
 	st := srv.state.Load()

@@ -585,36 +585,35 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 // Pairs returns up to limit pairs of route ("" for every route), newest first (limit ≤ 0:
 // DefaultQueryLimit; at most MaxQueryLimit).
 func (s *Store) Pairs(ctx context.Context, route string, limit int) ([]PairRecord, error) {
-	q := "SELECT " + pairSelect + " FROM pairs"
-	args := []any{}
-	if route != "" {
-		q += " WHERE route = ?"
-		args = append(args, route)
-	}
-	q += " ORDER BY ts_ns DESC, id DESC LIMIT ?"
-	args = append(args, clampLimit(limit))
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("shadow store: pairs: %w", err)
-	}
-	defer rows.Close()
-	var out []PairRecord
-	for rows.Next() {
-		r, err := scanPair(rows)
-		if err != nil {
-			return nil, fmt.Errorf("shadow store: pairs: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("shadow store: pairs: %w", err)
-	}
-	return out, nil
+	return newest(ctx, s.db, "pairs", pairSelect, route, limit, scanPair)
 }
 
 // Verdicts returns up to limit verdicts of route ("" for every route), newest first.
 func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
-	q := "SELECT id, route, ts_ns, decision, reason, evidence, pairs, replicas, action FROM verdicts"
+	return newest(ctx, s.db, "verdicts", "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action", route, limit, scanVerdict)
+}
+
+func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
+	var (
+		v        VerdictRecord
+		tsNS     int64
+		decision string
+		evidence string
+	)
+	if err := rows.Scan(&v.ID, &v.Route, &tsNS, &decision, &v.Verdict.Reason, &evidence, &v.Pairs, &v.Replicas, &v.Action); err != nil {
+		return v, err
+	}
+	v.Time = time.Unix(0, tsNS)
+	v.Verdict.Decision = Decision(decision)
+	if err := json.Unmarshal([]byte(evidence), &v.Verdict.Evidence); err != nil {
+		return v, fmt.Errorf("verdict %d evidence: %w", v.ID, err)
+	}
+	return v, nil
+}
+
+// newest runs SELECT cols FROM table [WHERE route = ?] newest first, scanning each row.
+func newest[T any](ctx context.Context, db *sql.DB, table, cols, route string, limit int, scan func(*sql.Rows) (T, error)) ([]T, error) {
+	q := "SELECT " + cols + " FROM " + table
 	args := []any{}
 	if route != "" {
 		q += " WHERE route = ?"
@@ -622,31 +621,21 @@ func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]Verdic
 	}
 	q += " ORDER BY ts_ns DESC, id DESC LIMIT ?"
 	args = append(args, clampLimit(limit))
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("shadow store: verdicts: %w", err)
+		return nil, fmt.Errorf("shadow store: %s: %w", table, err)
 	}
 	defer rows.Close()
-	var out []VerdictRecord
+	var out []T
 	for rows.Next() {
-		var (
-			v        VerdictRecord
-			tsNS     int64
-			decision string
-			evidence string
-		)
-		if err := rows.Scan(&v.ID, &v.Route, &tsNS, &decision, &v.Verdict.Reason, &evidence, &v.Pairs, &v.Replicas, &v.Action); err != nil {
-			return nil, fmt.Errorf("shadow store: verdicts: %w", err)
+		r, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("shadow store: %s: %w", table, err)
 		}
-		v.Time = time.Unix(0, tsNS)
-		v.Verdict.Decision = Decision(decision)
-		if err := json.Unmarshal([]byte(evidence), &v.Verdict.Evidence); err != nil {
-			return nil, fmt.Errorf("shadow store: verdict %d evidence: %w", v.ID, err)
-		}
-		out = append(out, v)
+		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("shadow store: verdicts: %w", err)
+		return nil, fmt.Errorf("shadow store: %s: %w", table, err)
 	}
 	return out, nil
 }

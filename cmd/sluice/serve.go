@@ -93,11 +93,9 @@ Flags:
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tel, err := telemetry.New(ctx, telemetry.Options{ServiceVersion: version, Registry: reg})
+	tel, err := newTelemetry(ctx)
 	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
+		return err
 	}
 	defer func() { _ = tel.Shutdown(context.Background()) }()
 	srv, err := proxy.New(proxy.Options{Config: cfg, ConfigPath: *file, Logger: log, Telemetry: tel, Version: version, Chaos: *chaos})
@@ -176,11 +174,9 @@ func serveXDS(ctx context.Context, boot xds.Bootstrap, log *slog.Logger, chaos b
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tel, err := telemetry.New(ctx, telemetry.Options{ServiceVersion: version, Registry: reg})
+	tel, err := newTelemetry(ctx)
 	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
+		return err
 	}
 	defer func() { _ = tel.Shutdown(context.Background()) }()
 	var client *xds.Client
@@ -230,4 +226,16 @@ func serveXDS(ctx context.Context, boot xds.Bootstrap, log *slog.Logger, chaos b
 	cancel()
 	wg.Wait()
 	return err
+}
+
+// newTelemetry is the gateway's telemetry with the Go runtime and process collectors on its
+// Prometheus registry.
+func newTelemetry(ctx context.Context) (*telemetry.Telemetry, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tel, err := telemetry.New(ctx, telemetry.Options{ServiceVersion: version, Registry: reg})
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	return tel, nil
 }
