@@ -95,9 +95,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 6. mirror: a copy to the route's sandbox when the session is sampled (never waits).
+	// Batched requests are not mirrored: their answer is a share of a merged one.
 	var res result
-	if mj := h.srv.shadow.offer(st, rt, preq, r, ex, plan); mj != nil {
-		defer mj.primaryDone(ex, &res) // after finish, on every path
+	bt := st.batchers[rt.Index]
+	batched := bt != nil && bt.Batchable(req)
+	if !batched {
+		if mj := h.srv.shadow.offer(rt, preq, r, ex, plan); mj != nil {
+			defer mj.primaryDone(ex, &res) // after finish, on every path
+		}
 	}
 
 	// 7. chaos (when enabled): downstream faults wrap the client's writer, upstream faults
@@ -112,7 +117,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 6–9. pick, send, relay, retry: failures before the first byte move to the next try.
-	if bt := st.batchers[rt.Index]; bt != nil && bt.Batchable(req) {
+	if batched {
 		res = h.batched(ctx, ex, st, rt, plan, bt) // merged with others into one upstream request
 	} else {
 		res = h.forward(ctx, ex, st, rt, plan)

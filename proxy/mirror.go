@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,7 +37,7 @@ const (
 // comparison, one that changes the queue's bounds starts a new queue.
 type mirrorRoute struct {
 	name     string
-	identity string // cluster and model of the candidate
+	identity string // the candidate: cluster, and model when rewritten ("cand" or "cand/model")
 	qkey     string // the queue's bounds
 	cfg      atomic.Pointer[config.Mirror]
 
@@ -47,8 +48,11 @@ type mirrorRoute struct {
 	acc     *shadow.Accumulator
 	schemas *shadow.SchemaCache
 	since   time.Time
+	retired atomic.Bool // replaced by a new candidate or removed: its pairs are not kept
 
-	pairs, replicas, failed, incomplete atomic.Int64
+	// Counters since the route started mirroring (they survive a new queue).
+	offered, dropped, started                 atomic.Int64
+	pairs, replicas, failed, incomplete, trunc atomic.Int64
 
 	mu      sync.Mutex
 	verdict *shadow.Verdict // the latest
@@ -62,10 +66,9 @@ type mirrorJob struct {
 	route    *mirrorRoute
 	cfg      *config.Mirror
 	preq     policy.Request // a copy taken when offered (the body and parsed request are read-only)
-	path     string         // escaped path and query
+	path     string         // escaped path and the query without credential-like parameters
 	endpoint string         // the path alone, for the record
 	header   http.Header    // the client's headers, credentials removed, the mirror's set
-	req      shadow.Request
 	primary  struct {
 		cluster, model string // the primary's chosen candidate (the replica goes there)
 	}
@@ -73,56 +76,74 @@ type mirrorJob struct {
 
 	capture capture       // the primary's answer, written by the handler before done
 	done    chan struct{} // closed when the primary's answer is complete
-	answer  shadow.Answer // the primary's answer, set before done is closed
+	// Set by the handler before done is closed; the worker parses the capture (the primary's
+	// handler does no more than copy the events it relays).
+	outcome policy.Outcome
+	tap     openai.Tap
+	faulted bool // chaos faults acted on the primary: not a fair comparison
 }
 
-// capture keeps up to limit bytes of an answer.
+// capture keeps the first limit bytes of an answer and whether it was an SSE stream.
 type capture struct {
 	buf       []byte
 	limit     int
 	truncated bool
+	sse       bool
 }
 
 func (c *capture) add(b []byte) {
-	if c.truncated || len(c.buf)+len(b) > c.limit {
+	if room := c.limit - len(c.buf); len(b) > room {
 		c.truncated = true
-		return
+		b = b[:max(0, room)]
 	}
 	c.buf = append(c.buf, b...)
 }
 
-// shadowing holds the routes' mirrors.
+// Write makes a capture an io.Writer that keeps the first limit bytes and discards the rest.
+func (c *capture) Write(p []byte) (int, error) {
+	c.add(p)
+	return len(p), nil
+}
+
+// shadowing holds the routes' mirrors. The handler reads the route map without a lock (it is
+// replaced whole); sync, judging and closing are serialised by mu.
 type shadowing struct {
 	srv      *Server
 	mu       sync.Mutex
-	routes   map[string]*mirrorRoute
-	store    *shadow.Store // opened when a route first mirrors
+	judging  sync.Mutex
+	routes   atomic.Pointer[map[string]*mirrorRoute]
+	store    atomic.Pointer[shadow.Store] // opened when a route first mirrors
 	storeErr error
 }
 
 func newShadowing(s *Server) *shadowing {
-	return &shadowing{srv: s, routes: map[string]*mirrorRoute{}}
+	sh := &shadowing{srv: s}
+	sh.routes.Store(&map[string]*mirrorRoute{})
+	return sh
 }
 
 // route returns the named route's mirror, or nil.
-func (sh *shadowing) route(name string) *mirrorRoute {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	return sh.routes[name]
-}
+func (sh *shadowing) route(name string) *mirrorRoute { return (*sh.routes.Load())[name] }
 
-// list returns the mirrors by route name order of the config.
+// list returns the mirrors in the order of the config's routes.
 func (sh *shadowing) list() []*mirrorRoute {
 	st := sh.srv.state.Load()
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	routes := *sh.routes.Load()
 	var out []*mirrorRoute
 	for _, r := range st.snap.Routes {
-		if mr := sh.routes[r.Name]; mr != nil {
+		if mr := routes[r.Name]; mr != nil {
 			out = append(out, mr)
 		}
 	}
 	return out
+}
+
+// identityOf names a mirror's candidate.
+func identityOf(m *config.Mirror) string {
+	if m.Model == "" {
+		return m.Cluster
+	}
+	return m.Cluster + "/" + m.Model
 }
 
 // sync brings the mirrors in line with a new config: new routes start a mirror, removed
@@ -130,24 +151,25 @@ func (sh *shadowing) list() []*mirrorRoute {
 func (sh *shadowing) sync(c *config.Config) {
 	var halts []func()
 	defer func() {
-		// Outside the lock: a stopping worker may still record its pair.
+		// Outside the lock: a stopping worker may still be finishing its pair.
 		for _, h := range halts {
 			h()
 		}
 	}()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	seen := map[string]bool{}
+	old := *sh.routes.Load()
+	next := make(map[string]*mirrorRoute, len(old))
 	for _, r := range c.Routes {
 		m := r.Mirror
 		if m == nil {
 			continue
 		}
-		seen[r.Name] = true
-		identity := m.Cluster + "\x00" + m.Model
+		identity := identityOf(m)
 		qkey := strconv.Itoa(m.MaxQueue) + "/" + strconv.Itoa(m.MaxConcurrency)
-		mr := sh.routes[r.Name]
+		mr := old[r.Name]
 		if mr != nil && mr.identity != identity {
+			mr.retired.Store(true)
 			halts = append(halts, mr.halter())
 			mr = nil
 		}
@@ -156,40 +178,38 @@ func (sh *shadowing) sync(c *config.Config) {
 			mr = &mirrorRoute{name: r.Name, identity: identity, acc: shadow.NewAccumulator(c.Shadow.Window),
 				schemas: shadow.NewSchemaCache(shadow.DefaultSchemaCacheSize), since: time.Now()}
 			sh.restore(mr, c.Shadow.Window)
-			sh.routes[r.Name] = mr
 		}
+		next[r.Name] = mr
 		mr.cfg.Store(m)
 		if mr.queue.Load() == nil || mr.qkey != qkey {
 			halts = append(halts, mr.halter())
 			mr.start(sh, qkey, m)
 		}
 	}
-	for name, mr := range sh.routes {
-		if !seen[name] {
+	for name, mr := range old {
+		if next[name] == nil {
+			mr.retired.Store(true)
 			halts = append(halts, mr.halter())
-			delete(sh.routes, name)
 		}
 	}
+	sh.routes.Store(&next)
 }
 
-// close stops every mirror (at shutdown).
+// close stops every mirror and closes the store (at shutdown).
 func (sh *shadowing) close() {
 	sh.mu.Lock()
 	var halts []func()
-	for _, mr := range sh.routes {
+	for _, mr := range *sh.routes.Load() {
 		halts = append(halts, mr.halter())
 	}
 	sh.mu.Unlock()
 	for _, h := range halts {
-		h() // outside the lock: a stopping worker may still record its pair
+		h() // outside the lock, as in sync
 	}
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.store != nil {
-		if err := sh.store.Close(); err != nil {
+	if st := sh.store.Swap(nil); st != nil {
+		if err := st.Close(); err != nil {
 			sh.srv.log.Warn("shadow store close", "err", err)
 		}
-		sh.store = nil
 	}
 }
 
@@ -220,9 +240,10 @@ func (mr *mirrorRoute) halter() func() {
 }
 
 // offer mirrors the request when its route mirrors and its session is sampled. It never
-// waits: a full queue drops the copy (counted). The returned job, when not nil, must get the
-// primary's answer through primaryDone.
-func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Request, r *http.Request, ex *exchange, plan []policy.Candidate) *mirrorJob {
+// waits, and does no more than a hash, a header copy and a channel send: a full queue drops
+// the copy (counted). The returned job, when not nil, must get the primary's answer through
+// primaryDone.
+func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *http.Request, ex *exchange, plan []policy.Candidate) *mirrorJob {
 	m := rt.Mirror
 	if m == nil || (preq.Kind != openai.KindChat && preq.Kind != openai.KindCompletion) || preq.Body == nil {
 		return nil
@@ -241,14 +262,14 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 	if mr == nil {
 		return nil
 	}
+	mr.offered.Add(1)
 	j := &mirrorJob{route: mr, cfg: m, preq: *preq, done: make(chan struct{})}
 	j.path, j.endpoint = r.URL.EscapedPath(), r.URL.Path
-	if r.URL.RawQuery != "" {
-		j.path += "?" + r.URL.RawQuery
+	if q := mirrorQuery(r.URL.RawQuery); q != "" {
+		j.path += "?" + q
 	}
 	j.header = mirrorHeader(r.Header, m)
 	j.header.Set("X-Request-Id", ex.id)
-	j.req = shadow.RequestFromBody(preq.Body)
 	j.capture.limit = int(m.CaptureBytes)
 	if len(plan) > 0 {
 		j.primary.cluster, j.primary.model = plan[0].Cluster, plan[0].Model
@@ -256,23 +277,41 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 	j.replica = m.ReplicaFraction > 0 && j.primary.cluster != "" &&
 		shadow.Sampled(rt.Name+"\x00replica", ex.id, m.ReplicaFraction)
 	if !mr.queue.Load().Offer(j) {
+		mr.dropped.Add(1)
 		return nil
 	}
 	ex.mirror = j
 	return j
 }
 
-// mirrorHeader is the copy's headers: the client's without hop-by-hop headers, credentials,
+// credentialLike reports whether a header or query parameter name looks like it carries a
+// credential (API keys, tokens, passwords, signatures, cookies): such names never reach the
+// sandbox, whatever the vendor calls them.
+func credentialLike(name string) bool {
+	n := strings.ToLower(name)
+	for _, w := range []string{"auth", "key", "token", "secret", "password", "passwd", "cookie", "signature", "credential", "session-token"} {
+		if strings.Contains(n, w) {
+			return true
+		}
+	}
+	return n == "sig" || n == "code"
+}
+
+// mirrorHeader is the copy's headers: the client's without hop-by-hop headers, anything
+// credential-like (Authorization, cookies, every *-Key and *-Token header, the admin token),
 // the chaos header and the configured strip list, plus the configured set list.
 func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 	h := make(http.Header, len(src))
 	copyHeaders(h, src)
-	for _, k := range config.CredentialHeaders {
-		h.Del(k)
+	for k := range h {
+		if credentialLike(k) {
+			delete(h, k)
+		}
 	}
 	h.Del("Content-Length")
 	h.Del("Accept-Encoding") // the answer is read as the model server wrote it
 	h.Del(fault.Header)
+	h.Del(fault.HeaderToken)
 	for _, k := range m.StripHeaders {
 		h.Del(k)
 	}
@@ -282,19 +321,44 @@ func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 	return h
 }
 
-// primaryDone hands the primary's answer to the job's worker. Safe on a nil job.
+// mirrorQuery is the query without credential-like parameters (?api-key=…).
+func mirrorQuery(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	v, err := url.ParseQuery(raw)
+	if err != nil {
+		return "" // not forwarded rather than forwarded unfiltered
+	}
+	for k := range v {
+		if credentialLike(k) {
+			v.Del(k)
+		}
+	}
+	return v.Encode()
+}
+
+// primaryDone hands the primary's answer to the job's worker: a copy of the outcome and the
+// tap, nothing parsed here. Safe on a nil job.
 func (j *mirrorJob) primaryDone(ex *exchange, res *result) {
 	if j == nil {
 		return
 	}
-	a, err := answerOf(j.preq.Stream, j.capture.buf)
-	if err != nil && ex.outcome.ErrorClass == "" {
+	j.outcome, j.tap = ex.outcome, res.tap
+	j.faulted = ex.inj.Fired()
+	close(j.done)
+}
+
+// primaryAnswer is the primary's answer, parsed from the capture (in the worker, after done).
+func (j *mirrorJob) primaryAnswer() shadow.Answer {
+	a, err := answerOf(j.capture.sse, j.capture.buf)
+	if err != nil && !j.capture.truncated && j.outcome.ErrorClass == "" {
 		a.ErrorClass = "unparsed"
 	}
-	a.Status, a.ErrorClass = ex.outcome.Status, firstNonEmpty(ex.outcome.ErrorClass, a.ErrorClass)
-	fillTimes(&a, &res.tap, j.preq.Stream, time.Now())
-	j.answer = a
-	close(j.done)
+	a.Truncated = j.capture.truncated
+	a.Status, a.ErrorClass = j.outcome.Status, firstNonEmpty(j.outcome.ErrorClass, a.ErrorClass)
+	fillTimes(&a, &j.tap, j.capture.sse)
+	return a
 }
 
 func firstNonEmpty(a, b string) string {
@@ -305,24 +369,25 @@ func firstNonEmpty(a, b string) string {
 }
 
 // answerOf parses a captured answer (an SSE stream or a JSON body).
-func answerOf(stream bool, b []byte) (shadow.Answer, error) {
+func answerOf(sse bool, b []byte) (shadow.Answer, error) {
 	if len(b) == 0 {
 		return shadow.Answer{}, nil
 	}
-	if stream {
+	if sse {
 		return shadow.AnswerFromSSE(b)
 	}
 	return shadow.AnswerFromChat(b)
 }
 
-// fillTimes sets an answer's latencies the same way for both sides: TTFT from the request's
-// send to its first token event, ITL the mean gap between token events, E2E to the last
-// token (streams) or to the end of the body.
-func fillTimes(a *shadow.Answer, tap *openai.Tap, stream bool, end time.Time) {
+// fillTimes sets an answer's latencies the same way for both sides, from the tap the relay
+// (primary) or the mirror (copies) kept: TTFT from the request's send to its first token
+// event, ITL the mean gap between token events, E2E to the last token; for a JSON body, E2E
+// to the end of the body (which the tap records as its first token).
+func fillTimes(a *shadow.Answer, tap *openai.Tap, sse bool) {
 	if tap.Start.IsZero() {
 		return
 	}
-	if stream {
+	if sse {
 		a.TTFT = tap.TTFT()
 		if tap.Gaps > 0 {
 			a.ITL = tap.GapSum / time.Duration(tap.Gaps)
@@ -330,43 +395,66 @@ func fillTimes(a *shadow.Answer, tap *openai.Tap, stream bool, end time.Time) {
 		if !tap.LastToken.IsZero() {
 			a.E2E = tap.LastToken.Sub(tap.Start)
 		}
-	} else {
-		a.E2E = end.Sub(tap.Start)
+	} else if !tap.FirstToken.IsZero() {
+		a.E2E = tap.FirstToken.Sub(tap.Start)
 	}
 	if a.OutputTokens == 0 {
 		a.OutputTokens = tap.Tokens
 	}
 }
 
-// run serves one mirrored request (a worker of the route's queue).
+// run serves one mirrored request (a worker of the route's queue): the copy to the sandbox,
+// then, once the primary has finished, the comparison.
 func (sh *shadowing) run(ctx context.Context, j *mirrorJob) {
 	mr := j.route
-	ctx, cancel := context.WithTimeout(ctx, j.cfg.Timeout.D())
-	defer cancel()
-	cand := sh.send(ctx, j, j.cfg.Cluster, j.cfg.Model, mirrorCandidate)
+	mr.started.Add(1)
+	sctx, cancel := context.WithTimeout(ctx, j.cfg.Timeout.D())
+	cand := sh.send(sctx, j, j.cfg.Cluster, j.cfg.Model, mirrorCandidate)
+	cancel()
+	// The primary usually finished first; otherwise wait for it as long as a copy may take.
 	select {
 	case <-j.done:
-	case <-ctx.Done():
-		mr.incomplete.Add(1)
-		return
+	default:
+		wait := time.NewTimer(j.cfg.Timeout.D())
+		select {
+		case <-j.done:
+			wait.Stop()
+		case <-wait.C:
+			mr.incomplete.Add(1)
+			return
+		case <-ctx.Done():
+			wait.Stop()
+			mr.incomplete.Add(1)
+			return
+		}
 	}
-	prim := j.answer
-	if prim.Status == statusClientClosed || prim.ErrorClass == classClientCancel || prim.ErrorClass == classShutdown {
-		mr.incomplete.Add(1) // nothing to compare: the primary did not run to its end
+	prim := j.primaryAnswer()
+	if prim.Status == statusClientClosed || prim.ErrorClass == classClientCancel || prim.ErrorClass == classShutdown || j.faulted {
+		// Nothing fair to compare: the primary did not run to its end, or chaos acted on it.
+		mr.incomplete.Add(1)
 		return
 	}
 	if !cand.OK() {
 		mr.failed.Add(1)
 	}
-	pr := mr.schemas.Compare(j.req, prim, cand)
-	mr.acc.Add(pr)
-	mr.pairs.Add(1)
+	if prim.Truncated || cand.Truncated {
+		mr.trunc.Add(1)
+	}
+	pr := mr.schemas.Compare(shadow.RequestFromBody(j.preq.Body), prim, cand)
 	var replica *shadow.Answer
 	if j.replica && prim.OK() {
-		rep := sh.send(ctx, j, j.primary.cluster, j.primary.model, mirrorReplica)
+		rctx, cancel := context.WithTimeout(ctx, j.cfg.Timeout.D())
+		rep := sh.send(rctx, j, j.primary.cluster, j.primary.model, mirrorReplica)
+		cancel()
 		replica = &rep
 	}
+	if mr.retired.Load() {
+		return // the candidate changed meanwhile: this pair belongs to the old comparison
+	}
+	mr.acc.Add(pr)
+	mr.pairs.Add(1)
 	rec := shadow.NewPairRecord(mr.name, time.Now(), j.preq.Body, prim, cand, replica, pr)
+	rec.CandidateID = mr.identity
 	if rec.ReplicaValid {
 		mr.acc.AddReplicaSimilarity(rec.ReplicaSimilarity)
 		mr.replicas.Add(1)
@@ -394,8 +482,7 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}
 		}
 	}
-	u := *ep.URL()
-	base := strings.TrimSuffix(u.String(), "/")
+	base := strings.TrimSuffix(ep.URL().String(), "/")
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base+j.path, bytes.NewReader(body))
 	if err != nil {
 		return shadow.Answer{Status: http.StatusBadGateway, ErrorClass: classUpstreamError}
@@ -437,9 +524,9 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	if resp.StatusCode < 300 {
 		resp.Body = at.WrapUpstream(ctx, resp.Body, sse)
 	}
-	capt := capture{limit: int(j.cfg.CaptureBytes)}
+	capt := capture{limit: int(j.cfg.CaptureBytes), sse: sse && resp.StatusCode < 300}
 	cut := false
-	if sse && resp.StatusCode < 300 {
+	if capt.sse {
 		rd := openai.NewReader(resp.Body, int(st.snap.Config.MaxEventBytes))
 		for {
 			ev, err := rd.Next()
@@ -453,11 +540,14 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	} else {
 		_, err := io.Copy(&capt, io.LimitReader(resp.Body, maxBufferedBody))
 		cut = err != nil
-		tap.Observe(openai.Event{Data: capt.buf}, time.Now())
+		now := time.Now()
+		tap.FirstToken = now // the end of the body, as the relay records it
+		if !capt.truncated {
+			tap.ObserveBody(capt.buf, now)
+		}
 	}
-	end := time.Now()
-	a, perr := answerOf(sse, capt.buf)
-	a.Status = resp.StatusCode
+	a, perr := answerOf(capt.sse, capt.buf)
+	a.Status, a.Truncated = resp.StatusCode, capt.truncated
 	switch s := resp.StatusCode; {
 	case s == http.StatusTooManyRequests:
 		a.ErrorClass = classUpstream429
@@ -472,12 +562,6 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	case perr != nil && !capt.truncated:
 		a.ErrorClass = "unparsed"
 	}
-	fillTimes(&a, &tap, sse, end)
+	fillTimes(&a, &tap, capt.sse)
 	return a
-}
-
-// Write makes a capture an io.Writer that keeps the first limit bytes and discards the rest.
-func (c *capture) Write(p []byte) (int, error) {
-	c.add(p)
-	return len(p), nil
 }

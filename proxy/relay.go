@@ -80,6 +80,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			}
 		}
 		if ex.mirror != nil && !skip {
+			ex.mirror.capture.sse = true
 			ex.mirror.capture.add(ev.Raw)
 		}
 		if !skip {

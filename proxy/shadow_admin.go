@@ -49,7 +49,7 @@ func (s *Server) shadowRoutes(mux *http.ServeMux) {
 		_, _ = w.Write(b.Bytes())
 	}))
 	mux.Handle("GET /admin/shadow/export", s.authorized(func(w http.ResponseWriter, r *http.Request) {
-		st := s.shadow.storeOf()
+		st := s.shadow.store.Load()
 		if st == nil {
 			openai.WriteError(w, openai.NewError(http.StatusNotFound, "invalid_request_error", "no_shadow_store", "no route mirrors, so there is no shadow store"))
 			return
@@ -100,11 +100,10 @@ func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, e
 		m := mr.cfg.Load()
 		in := mr.acc.Input()
 		pairs, replicas := mr.acc.Counts()
-		q := mr.queue.Load().Counts()
 		ri := shadow.RouteInput{
-			Route: mr.name, CandidateCluster: m.Cluster, Input: &in, Pairs: pairs, Replicas: replicas,
+			Route: mr.name, CandidateCluster: m.Cluster, CandidateID: mr.identity, Input: &in, Pairs: pairs, Replicas: replicas,
 			Config: c.Shadow.Verdict, Window: c.Shadow.Window,
-			Mirror: shadow.MirrorStats{Offered: q.Offered, Mirrored: q.Started, Dropped: q.Dropped,
+			Mirror: shadow.MirrorStats{Offered: mr.offered.Load(), Mirrored: mr.started.Load(), Dropped: mr.dropped.Load(),
 				Failed: mr.failed.Load(), Replicas: mr.replicas.Load()},
 		}
 		for _, r := range c.Routes {
@@ -117,5 +116,5 @@ func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, e
 		mr.mu.Unlock()
 		ins = append(ins, ri)
 	}
-	return shadow.BuildReport(ctx, s.shadow.storeOf(), ins)
+	return shadow.BuildReport(ctx, s.shadow.store.Load(), ins)
 }

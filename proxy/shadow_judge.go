@@ -33,6 +33,8 @@ func (s *Server) judgeLoop(ctx context.Context) {
 // judgeAll computes and records the verdict of every mirrored route, and steps weights where
 // a progression is configured.
 func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
+	sh.judging.Lock() // the loop and POST /admin/shadow/judge: one progression step at a time
+	defer sh.judging.Unlock()
 	st := sh.srv.state.Load()
 	c := st.snap.Config
 	for _, mr := range sh.list() {
@@ -110,8 +112,9 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 		name, desc string
 		get        func(*mirrorRoute) int64
 	}{
-		{"sluice.shadow.offered", "Requests sampled for mirroring", func(mr *mirrorRoute) int64 { return mr.queue.Load().Counts().Offered }},
-		{"sluice.shadow.dropped", "Mirrored copies dropped because the mirror queue was full", func(mr *mirrorRoute) int64 { return mr.queue.Load().Counts().Dropped }},
+		{"sluice.shadow.offered", "Requests sampled for mirroring", func(mr *mirrorRoute) int64 { return mr.offered.Load() }},
+		{"sluice.shadow.dropped", "Mirrored copies dropped because the mirror queue was full", func(mr *mirrorRoute) int64 { return mr.dropped.Load() }},
+		{"sluice.shadow.truncated", "Compared pairs whose answer text was cut at capture_bytes (text, schema and tool checks skipped)", func(mr *mirrorRoute) int64 { return mr.trunc.Load() }},
 		{"sluice.shadow.pairs", "Mirrored pairs compared", func(mr *mirrorRoute) int64 { return mr.pairs.Load() }},
 		{"sluice.shadow.candidate_failures", "Mirrored copies the sandbox failed", func(mr *mirrorRoute) int64 { return mr.failed.Load() }},
 		{"sluice.shadow.incomplete", "Mirrored copies not compared (the primary did not finish, or the mirror time-out passed)", func(mr *mirrorRoute) int64 { return mr.incomplete.Load() }},

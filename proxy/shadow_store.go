@@ -14,7 +14,7 @@ import (
 // openStore opens the shadow store of c (in memory unless shadow.store names a file) the
 // first time a route mirrors. Called with sh.mu held.
 func (sh *shadowing) openStore(c *config.Config) {
-	if sh.store != nil || sh.storeErr != nil {
+	if sh.store.Load() != nil || sh.storeErr != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(sh.srv.baseCtx, 10*time.Second)
@@ -26,25 +26,26 @@ func (sh *shadowing) openStore(c *config.Config) {
 		sh.srv.log.Error("shadow store not opened; pairs and verdicts are not kept", "err", err)
 		return
 	}
-	sh.store = st
+	sh.store.Store(st)
 }
 
-// restore refills a new route mirror's comparison from the store, so a verdict survives a
-// restart. Called with sh.mu held.
+// restore refills a new route mirror's comparison from the store (its own candidate's pairs
+// only), so a verdict survives a restart. Called with sh.mu held.
 func (sh *shadowing) restore(mr *mirrorRoute, window int) {
-	if sh.store == nil {
+	st := sh.store.Load()
+	if st == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(sh.srv.baseCtx, 10*time.Second)
 	defer cancel()
-	if err := sh.store.Restore(ctx, mr.name, mr.acc, window); err != nil {
+	if err := st.Restore(ctx, mr.name, mr.identity, mr.acc, window); err != nil {
 		sh.srv.log.Warn("shadow pairs not restored", "route", mr.name, "err", err)
 	}
 }
 
 // recordPair keeps one compared pair.
 func (sh *shadowing) recordPair(ctx context.Context, j *mirrorJob, rec shadow.PairRecord) {
-	st := sh.storeOf()
+	st := sh.store.Load()
 	if st == nil {
 		return
 	}
@@ -62,25 +63,31 @@ func (sh *shadowing) recordPair(ctx context.Context, j *mirrorJob, rec shadow.Pa
 	}
 }
 
-// recordVerdict keeps a verdict and prunes the route's pairs to shadow.retention.
+// retention is how many pairs per route the store keeps: shadow.retention for a file, and no
+// more than the verdict's window in memory (pairs there are only for the verdict and the
+// report; a file keeps history).
+func retention(c *config.Config) int {
+	if c.Shadow.Store == "" || c.Shadow.Store == ":memory:" {
+		return min(c.Shadow.Retention, c.Shadow.Window)
+	}
+	return c.Shadow.Retention
+}
+
+// recordVerdict keeps a verdict and prunes the route's pairs.
 func (sh *shadowing) recordVerdict(ctx context.Context, mr *mirrorRoute, v shadow.Verdict, action string, now time.Time) {
-	st := sh.storeOf()
+	st := sh.store.Load()
 	if st == nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	pairs, replicas := mr.acc.Counts()
-	rec := shadow.VerdictRecord{Route: mr.name, Time: now, Verdict: v, Pairs: pairs, Replicas: replicas, Action: action}
+	rec := shadow.VerdictRecord{Route: mr.name, CandidateID: mr.identity, Time: now, Verdict: v, Pairs: pairs, Replicas: replicas, Action: action}
 	if err := st.AddVerdict(ctx, rec); err != nil {
 		sh.srv.log.Warn("shadow verdict not stored", "route", mr.name, "err", err)
 		return
 	}
-	if err := st.Prune(ctx, mr.name, sh.srv.Config().Shadow.Retention); err != nil {
+	if err := st.Prune(ctx, mr.name, retention(sh.srv.Config())); err != nil {
 		sh.srv.log.Warn("shadow pairs not pruned", "route", mr.name, "err", err)
 	}
-}
-
-func (sh *shadowing) storeOf() *shadow.Store {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	return sh.store
 }

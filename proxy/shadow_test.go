@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -56,5 +57,34 @@ routes:
 	got := mr.progress(srv.shadow, xst, shadow.Verdict{Decision: shadow.Promote}, t0.Add(time.Hour))
 	if !strings.HasPrefix(got, "recommend cand weight 0→10") || st.router("chat").Weights()["cand"] != 0 {
 		t.Errorf("xds: %q, weight %d", got, st.router("chat").Weights()["cand"])
+	}
+}
+
+func TestMirrorHeaderAndQuery(t *testing.T) {
+	src := http.Header{}
+	for k, v := range map[string]string{
+		"Authorization": "Bearer x", "Cookie": "c=1", "X-Api-Key": "k", "Api-Key": "k", "X-Goog-Api-Key": "g",
+		"X-Auth-Token": "t", "Ocp-Apim-Subscription-Key": "o", "X-Sluice-Admin-Token": "a", "X-Sluice-Fault": "abort",
+		"X-Internal": "1", "Content-Type": "application/json", "X-Session-Id": "s1", "Traceparent": "00-1-2-01",
+		"Connection": "keep-alive", "Content-Length": "10",
+	} {
+		src.Set(k, v)
+	}
+	h := mirrorHeader(src, &config.Mirror{StripHeaders: []string{"x-internal"}, SetHeaders: map[string]string{"X-Env": "shadow"}})
+	want := http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"s1"}, "Traceparent": {"00-1-2-01"}, "X-Env": {"shadow"}}
+	if !headersEqual(h, want) {
+		t.Errorf("mirror headers %v, want %v", h, want)
+	}
+	for raw, want := range map[string]string{
+		"":                               "",
+		"api-key=s&trace=1":              "trace=1",
+		"access_token=s&sig=x&code=1":    "",
+		"stream=true&model=m":            "model=m&stream=true",
+		"%zz":                            "",
+		"X-Amz-Signature=abc&region=eu1": "region=eu1",
+	} {
+		if got := mirrorQuery(raw); got != want {
+			t.Errorf("mirrorQuery(%q) = %q, want %q", raw, got, want)
+		}
 	}
 }

@@ -105,6 +105,7 @@ func TestRequestFromBody(t *testing.T) {
 		{"json schema", `{"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}}`, FormatJSONSchema, true, nil},
 		{"tools", `{"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},{"type":"code_interpreter"}]}`, "", false, []string{"get_weather"}},
 		{"not json", `{"messages":`, "", false, nil},
+		{"forced function", `{"tool_choice":{"type":"function","function":{"name":"get_weather"}},"tools":[{"type":"function","function":{"name":"get_weather"}}]}`, "", false, []string{"get_weather"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := RequestFromBody([]byte(tc.body))
@@ -117,5 +118,26 @@ func TestRequestFromBody(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestToolChoiceAndCompletions(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"tool_choice":"required"}`:                                  "required",
+		`{"tool_choice":"none"}`:                                      "none",
+		`{"tool_choice":{"type":"function","function":{"name":"f"}}}`: "f",
+		`{}`: "",
+	} {
+		if got := RequestFromBody([]byte(body)).ToolChoice; got != want {
+			t.Errorf("%s: tool choice %q, want %q", body, got, want)
+		}
+	}
+	a, err := AnswerFromChat([]byte(`{"choices":[{"index":0,"text":"four","finish_reason":"stop"}]}`))
+	if err != nil || a.Text != "four" {
+		t.Errorf("completions body: %+v %v", a, err)
+	}
+	a, err = AnswerFromSSE([]byte("data: {\"choices\":[{\"index\":0,\"text\":\"fo\"}]}\n\ndata: {\"choices\":[{\"index\":0,\"text\":\"ur\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"))
+	if err != nil || a.Text != "four" || a.FinishReason != "stop" {
+		t.Errorf("completions stream: %+v %v", a, err)
 	}
 }

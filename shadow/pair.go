@@ -36,6 +36,18 @@ type Request struct {
 	ResponseFormat string
 	Schema         json.RawMessage
 	Tools          []Tool
+	// ToolChoice is "auto" (or empty), "none", "required", or the name of the one function
+	// the request forces.
+	ToolChoice string
+}
+
+// forcesCall reports whether the request requires a tool call.
+func (r Request) forcesCall() bool {
+	switch r.ToolChoice {
+	case "", "auto", "none":
+		return false
+	}
+	return true
 }
 
 // ToolCall is one function call of an answer; Arguments is the raw string.
@@ -56,6 +68,9 @@ type Answer struct {
 	FinishReason string
 	Text         string
 	ToolCalls    []ToolCall
+	// Truncated: the capture of the answer hit its bound, so its text and tool calls are
+	// incomplete and are not compared (latencies, status and finish still are).
+	Truncated bool
 }
 
 // OK reports whether the answer succeeded.
@@ -125,7 +140,7 @@ func (c *SchemaCache) Compare(req Request, primary, candidate Answer) PairResult
 		TokenDelta:      candidate.OutputTokens - primary.OutputTokens,
 		ToolNamesMatch:  sameNames(primary.ToolCalls, candidate.ToolCalls),
 	}
-	if primary.OK() && candidate.OK() {
+	if primary.OK() && candidate.OK() && !primary.Truncated && !candidate.Truncated {
 		r.Similarity, r.SimilarityValid = RougeL(render(candidate), render(primary)), true
 	}
 	var notes []string
@@ -137,17 +152,23 @@ func (c *SchemaCache) Compare(req Request, primary, candidate Answer) PairResult
 		}
 		notes = append(notes, s)
 	}
-	r.Primary = c.side(req, primary, candidate, false, note)
-	r.Candidate = c.side(req, candidate, primary, true, note)
+	r.Primary = c.side(req, primary, note)
+	r.Candidate = c.side(req, candidate, note)
 	r.Notes = notes
 	return r
 }
 
-// side checks answer a; other is the opposite side. The candidate (isCand)
-// is also broken when its called names differ from the primary's.
-func (c *SchemaCache) side(req Request, a, other Answer, isCand bool, note func(string)) SideResult {
+// side checks one answer on its own, the same way for both sides, so that the two arms'
+// breakage rates are comparable. Which functions were called is not a breakage (a model may
+// choose differently run to run): that difference shows in ToolNamesMatch and in the text
+// similarity, judged against the noise floor. A truncated answer is not checked.
+func (c *SchemaCache) side(req Request, a Answer, note func(string)) SideResult {
 	s := SideResult{OK: a.OK(), TTFT: a.TTFT, ITL: a.ITL, E2E: a.E2E, OutputTokens: a.OutputTokens}
 	if !s.OK {
+		return s
+	}
+	if a.Truncated {
+		s.AbnormalFinish = a.AbnormalFinish()
 		return s
 	}
 	s.AbnormalFinish = a.AbnormalFinish()
@@ -185,11 +206,16 @@ func (c *SchemaCache) side(req Request, a, other Answer, isCand bool, note func(
 			}
 		}
 	}
-	// Tool calls: checked when tools were declared and either side called one.
-	if len(req.Tools) > 0 && (len(a.ToolCalls) > 0 || len(other.ToolCalls) > 0) {
+	// Tool calls: checked whenever tools were declared (and not turned off). Broken: calls
+	// announced by finish_reason but missing, a required call not made, a call of an
+	// undeclared function, arguments that do not parse or do not validate.
+	if len(req.Tools) > 0 && req.ToolChoice != "none" {
 		s.ToolCallChecked = true
-		if isCand && !sameNames(other.ToolCalls, a.ToolCalls) {
-			broke(&s.ToolCallBroken, "called %v, primary called %v", names(a.ToolCalls), names(other.ToolCalls))
+		switch {
+		case len(a.ToolCalls) == 0 && (a.FinishReason == "tool_calls" || a.FinishReason == "function_call"):
+			broke(&s.ToolCallBroken, "finish_reason %q but no tool call in the answer", a.FinishReason)
+		case len(a.ToolCalls) == 0 && req.forcesCall():
+			broke(&s.ToolCallBroken, "tool_choice %q requires a call; the answer made none", req.ToolChoice)
 		}
 		for _, tc := range a.ToolCalls {
 			t, found := findTool(req.Tools, tc.Name)
@@ -393,6 +419,7 @@ type chatBody struct {
 		Index        int         `json:"index"`
 		Message      chatMessage `json:"message"`
 		Delta        chatMessage `json:"delta"`
+		Text         *string     `json:"text"` // completions (/v1/completions)
 		FinishReason *string     `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
@@ -401,7 +428,7 @@ type chatBody struct {
 	Error json.RawMessage `json:"error"`
 }
 
-// AnswerFromChat builds an Answer from a non-streaming chat completion body:
+// AnswerFromChat builds an Answer from a non-streaming chat completion (or completions) body:
 // the first choice's content, tool calls and finish_reason, and
 // usage.completion_tokens. Status and latencies are left for the caller. A
 // body with an "error" object gives ErrorClass "upstream_error".
@@ -424,6 +451,8 @@ func AnswerFromChat(body []byte) (Answer, error) {
 		}
 		if c.Message.Content != nil {
 			a.Text = *c.Message.Content
+		} else if c.Text != nil {
+			a.Text = *c.Text
 		}
 		for _, tc := range c.Message.ToolCalls {
 			a.ToolCalls = append(a.ToolCalls, ToolCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments})
@@ -486,6 +515,8 @@ func AnswerFromSSE(stream []byte) (Answer, error) {
 			}
 			if c.Delta.Content != nil {
 				text.WriteString(*c.Delta.Content)
+			} else if c.Text != nil {
+				text.WriteString(*c.Text)
 			}
 			for i, tc := range c.Delta.ToolCalls {
 				idx := i

@@ -31,6 +31,8 @@ type RouteInput struct {
 	Route            string
 	PrimaryCluster   string
 	CandidateCluster string
+	// CandidateID selects the stored pairs restored when Input is nil ("" : the newest's).
+	CandidateID string
 	// Input is the current accumulator's snapshot (Accumulator.Input).
 	Input *Input
 	// Pairs and Replicas are the accumulator's totals (Accumulator.Counts).
@@ -206,7 +208,7 @@ func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, 
 	if store != nil {
 		if input == nil {
 			acc := NewAccumulator(in.Window)
-			if err := store.Restore(ctx, in.Route, acc, in.Window); err != nil {
+			if err := store.Restore(ctx, in.Route, in.CandidateID, acc, in.Window); err != nil {
 				return rr, err
 			}
 			snap := acc.Input()

@@ -11,7 +11,8 @@ func RequestFromBody(body []byte) Request {
 			Type       string          `json:"type"`
 			JSONSchema json.RawMessage `json:"json_schema"`
 		} `json:"response_format"`
-		Tools []struct {
+		ToolChoice json.RawMessage `json:"tool_choice"`
+		Tools      []struct {
 			Type     string `json:"type"`
 			Function struct {
 				Name       string          `json:"name"`
@@ -29,10 +30,29 @@ func RequestFromBody(body []byte) Request {
 			r.Schema = rf.JSONSchema
 		}
 	}
+	r.ToolChoice = toolChoice(b.ToolChoice)
 	for _, t := range b.Tools {
 		if (t.Type == "" || t.Type == "function") && t.Function.Name != "" {
 			r.Tools = append(r.Tools, Tool{Name: t.Function.Name, Parameters: t.Function.Parameters})
 		}
 	}
 	return r
+}
+
+// toolChoice reads tool_choice: a string ("auto", "none", "required") or an object naming the
+// one function to call ({"type":"function","function":{"name":"f"}}).
+func toolChoice(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var o struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &o) == nil && o.Function.Name != "" {
+		return o.Function.Name
+	}
+	return ""
 }

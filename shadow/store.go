@@ -35,7 +35,7 @@ const (
 
 // SchemaVersion is the version of the store's tables this binary writes. A store
 // written by a newer binary is refused rather than misread.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // PairRecord is one stored mirrored pair: the redacted request, the primary's and the
 // candidate's answers (and the replica's, when the request was also replayed on the
@@ -48,7 +48,10 @@ const SchemaVersion = 1
 type PairRecord struct {
 	ID        int64     // assigned by the store
 	Route     string    // route name
-	Time      time.Time // when the primary's answer completed
+	// CandidateID names the candidate compared (the sandbox cluster, "/model" when the
+	// mirror rewrites it): a new candidate's comparison does not restore an old one's pairs.
+	CandidateID string
+	Time        time.Time // when the primary's answer completed
 	RequestID string    // the gateway's request id, if any
 	Session   string    // the hash of the session (never the session id itself)
 	Endpoint  string    // the request path, e.g. /v1/chat/completions
@@ -86,8 +89,9 @@ func (r PairRecord) PairResult() PairResult { return r.Result }
 // VerdictRecord is one stored verdict with the sample counts behind it and the action the
 // gateway took on it (for example "weight 10→20", "weight 20→0", or "" for none).
 type VerdictRecord struct {
-	ID       int64
-	Route    string
+	ID          int64
+	Route       string
+	CandidateID string
 	Time     time.Time
 	Verdict  Verdict
 	Pairs    int64 // pairs behind the verdict (the gateway stores the accumulator's totals)
@@ -207,6 +211,10 @@ CREATE TABLE verdicts (
 	action TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX verdicts_route_ts ON verdicts(route, ts_ns, id);`,
+	// 2: the candidate a pair or verdict belongs to, so a new candidate starts afresh.
+	`ALTER TABLE pairs ADD COLUMN candidate TEXT NOT NULL DEFAULT '';
+ALTER TABLE verdicts ADD COLUMN candidate TEXT NOT NULL DEFAULT '';
+CREATE INDEX pairs_route_candidate_ts ON pairs(route, candidate, ts_ns, id);`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -384,9 +392,9 @@ func (s *Store) AddPair(ctx context.Context, r PairRecord) error {
 	if err != nil {
 		return fmt.Errorf("shadow store: add pair: %w", err)
 	}
-	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes")
+	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate")
 	vals = append(vals, nullFloat(r.Result.Similarity, r.Result.SimilarityValid),
-		nullFloat(r.ReplicaSimilarity, r.ReplicaValid), r.Result.ToolNamesMatch, notes)
+		nullFloat(r.ReplicaSimilarity, r.ReplicaValid), r.Result.ToolNamesMatch, notes, cut(r.CandidateID, MaxNameLen))
 	q := "INSERT INTO pairs (" + strings.Join(cols, ", ") + ") VALUES (" + strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
 	if _, err := s.db.ExecContext(ctx, q, vals...); err != nil {
 		return fmt.Errorf("shadow store: add pair: %w", err)
@@ -411,9 +419,9 @@ func (s *Store) AddVerdict(ctx context.Context, v VerdictRecord) error {
 	if ts.IsZero() {
 		ts = time.Now()
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO verdicts (route, ts_ns, decision, reason, evidence, pairs, replicas, action)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, cut(v.Route, MaxNameLen), ts.UnixNano(), cut(string(v.Verdict.Decision), MaxNameLen),
-		cut(v.Verdict.Reason, MaxProblemLen*4), string(b), v.Pairs, v.Replicas, cut(v.Action, MaxNameLen))
+	_, err = s.db.ExecContext(ctx, `INSERT INTO verdicts (route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, cut(v.Route, MaxNameLen), ts.UnixNano(), cut(string(v.Verdict.Decision), MaxNameLen),
+		cut(v.Verdict.Reason, MaxProblemLen*4), string(b), v.Pairs, v.Replicas, cut(v.Action, MaxNameLen), cut(v.CandidateID, MaxNameLen))
 	if err != nil {
 		return fmt.Errorf("shadow store: add verdict: %w", err)
 	}
@@ -459,7 +467,7 @@ func clampLimit(limit int) int {
 var pairSelect = strings.Join(append(append(append(append(append([]string{"id", "route", "ts_ns", "request_id",
 	"session_hash", "endpoint", "request"}, prefixed("p_", append(append([]string(nil), answerCols...), checkCols...))...),
 	prefixed("c_", append(append([]string(nil), answerCols...), checkCols...))...), "r_present"),
-	prefixed("r_", answerCols)...), "similarity", "replica_similarity", "tool_names_match", "notes"), ", ")
+	prefixed("r_", answerCols)...), "similarity", "replica_similarity", "tool_names_match", "notes", "candidate"), ", ")
 
 type answerScan struct {
 	status, tokens             sql.NullInt64
@@ -533,7 +541,7 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 	dest = append(append(dest, pa.dest()...), pc.dest()...)
 	dest = append(append(dest, ca.dest()...), cc.dest()...)
 	dest = append(append(dest, &rPresent), ra.dest()...)
-	dest = append(dest, &sim, &repSim, &namesMatch, &notes)
+	dest = append(dest, &sim, &repSim, &namesMatch, &notes, &r.CandidateID)
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -590,7 +598,7 @@ func (s *Store) Pairs(ctx context.Context, route string, limit int) ([]PairRecor
 
 // Verdicts returns up to limit verdicts of route ("" for every route), newest first.
 func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
-	return newest(ctx, s.db, "verdicts", "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action", route, limit, scanVerdict)
+	return newest(ctx, s.db, "verdicts", "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate", route, limit, scanVerdict)
 }
 
 func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
@@ -600,7 +608,7 @@ func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
 		decision string
 		evidence string
 	)
-	if err := rows.Scan(&v.ID, &v.Route, &tsNS, &decision, &v.Verdict.Reason, &evidence, &v.Pairs, &v.Replicas, &v.Action); err != nil {
+	if err := rows.Scan(&v.ID, &v.Route, &tsNS, &decision, &v.Verdict.Reason, &evidence, &v.Pairs, &v.Replicas, &v.Action, &v.CandidateID); err != nil {
 		return v, err
 	}
 	v.Time = time.Unix(0, tsNS)
@@ -715,11 +723,11 @@ var restoreSelect = func() string {
 	return strings.Join(append(cols, "similarity"), ", ")
 }()
 
-// Restore re-adds the newest window pairs of route (oldest first) to acc, and the newest
-// window replica similarities to its noise floor, so that a verdict survives a restart:
-// an accumulator of the same window then holds what the live one held. window ≤ 0 means
-// DefaultWindow.
-func (s *Store) Restore(ctx context.Context, route string, acc *Accumulator, window int) error {
+// Restore re-adds the newest window pairs of route and candidate (oldest first) to acc, and
+// the newest window replica similarities to its noise floor, so that a verdict survives a
+// restart: an accumulator of the same window then holds what the live one held. candidate
+// "" means the candidate of the route's newest pair. window ≤ 0 means DefaultWindow.
+func (s *Store) Restore(ctx context.Context, route, candidate string, acc *Accumulator, window int) error {
 	if acc == nil {
 		return errors.New("shadow store: restore: nil accumulator")
 	}
@@ -727,11 +735,17 @@ func (s *Store) Restore(ctx context.Context, route string, acc *Accumulator, win
 		window = DefaultWindow
 	}
 	window = min(window, MaxQueryLimit)
-	results, err := s.restorePairs(ctx, route, window)
+	if candidate == "" {
+		err := s.db.QueryRowContext(ctx, `SELECT candidate FROM pairs WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT 1`, route).Scan(&candidate)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("shadow store: restore %q: %w", route, err)
+		}
+	}
+	results, err := s.restorePairs(ctx, route, candidate, window)
 	if err != nil {
 		return fmt.Errorf("shadow store: restore %q: %w", route, err)
 	}
-	noise, err := s.restoreNoise(ctx, route, window)
+	noise, err := s.restoreNoise(ctx, route, candidate, window)
 	if err != nil {
 		return fmt.Errorf("shadow store: restore %q noise floor: %w", route, err)
 	}
@@ -745,9 +759,9 @@ func (s *Store) Restore(ctx context.Context, route string, acc *Accumulator, win
 }
 
 // restorePairs returns the newest window pairs' results, newest first.
-func (s *Store) restorePairs(ctx context.Context, route string, window int) ([]PairResult, error) {
+func (s *Store) restorePairs(ctx context.Context, route, candidate string, window int) ([]PairResult, error) {
 	rows, err := s.db.QueryContext(ctx, "SELECT "+restoreSelect+
-		" FROM pairs WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT ?", route, window)
+		" FROM pairs WHERE route = ? AND candidate = ? ORDER BY ts_ns DESC, id DESC LIMIT ?", route, candidate, window)
 	if err != nil {
 		return nil, err
 	}
@@ -775,9 +789,9 @@ func (s *Store) restorePairs(ctx context.Context, route string, window int) ([]P
 }
 
 // restoreNoise returns the newest window replica similarities, newest first.
-func (s *Store) restoreNoise(ctx context.Context, route string, window int) ([]float64, error) {
+func (s *Store) restoreNoise(ctx context.Context, route, candidate string, window int) ([]float64, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT replica_similarity FROM pairs
-		WHERE route = ? AND replica_similarity IS NOT NULL ORDER BY ts_ns DESC, id DESC LIMIT ?`, route, window)
+		WHERE route = ? AND candidate = ? AND replica_similarity IS NOT NULL ORDER BY ts_ns DESC, id DESC LIMIT ?`, route, candidate, window)
 	if err != nil {
 		return nil, err
 	}

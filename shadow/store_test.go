@@ -242,7 +242,7 @@ func TestStoreRestore(t *testing.T) {
 				}
 			}
 			restored := NewAccumulator(tt.window)
-			if err := s.Restore(ctx, "chat", restored, tt.window); err != nil {
+			if err := s.Restore(ctx, "chat", "", restored, tt.window); err != nil {
 				t.Fatal(err)
 			}
 			a, b := live.Input(), restored.Input()
@@ -292,7 +292,7 @@ func TestStoreBoundsAndBadInput(t *testing.T) {
 		t.Fatalf("bounds: route %d text %d request %q problems %d candidate %q", len(g.Route), len(g.Primary.Text),
 			g.Request, len(g.Result.Candidate.Problems), g.Candidate.Text)
 	}
-	if err := s.Restore(ctx, "x", nil, 0); err == nil {
+	if err := s.Restore(ctx, "x", "", nil, 0); err == nil {
 		t.Error("restore into nil accumulator")
 	}
 	cctx, cancel := context.WithCancel(ctx)
@@ -340,5 +340,46 @@ func TestStoreConcurrent(t *testing.T) {
 				t.Fatalf("%d pairs, %v", n, err)
 			}
 		})
+	}
+}
+
+// TestStoreRestoreByCandidate: a new candidate does not inherit its predecessor's pairs.
+func TestStoreRestoreByCandidate(t *testing.T) {
+	ctx := context.Background()
+	s, err := OpenStore(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for i := range 30 {
+		p := testPair("chat", i, t0.Add(time.Duration(i)*time.Second), true)
+		p.CandidateID = "old"
+		if err := s.AddPair(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		p := testPair("chat", i, t0.Add(time.Minute+time.Duration(i)*time.Second), false)
+		p.CandidateID = "new"
+		if err := s.AddPair(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		candidate string
+		want      int64
+	}{{"old", 30}, {"new", 5}, {"", 5}, {"never", 0}} {
+		acc := NewAccumulator(100)
+		if err := s.Restore(ctx, "chat", tc.candidate, acc, 100); err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := acc.Counts(); n != tc.want {
+			t.Errorf("candidate %q: restored %d pairs, want %d", tc.candidate, n, tc.want)
+		}
+	}
+	ps, err := s.Pairs(ctx, "chat", 1)
+	if err != nil || len(ps) != 1 || ps[0].CandidateID != "new" {
+		t.Errorf("newest pair %+v, %v", ps, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/shadow"
 )
 
@@ -81,7 +82,7 @@ func runShadowReport(ctx context.Context, args []string, stdout, stderr io.Write
 	asJSON := fs.Bool("json", false, "print the report as JSON (what /admin/shadow.json serves)")
 	judge := fs.Bool("judge", false, "ask the gateway to judge every mirrored route now (POST /admin/shadow/judge)")
 	htmlOut := fs.String("html", "", "also write the self-contained HTML report to this file")
-	window := fs.Int("window", shadow.DefaultWindow, "with --store: pairs per route the offline verdict window holds (shadow.window)")
+	window := fs.Int("window", config.DefaultShadowWindow, "with --store: pairs per route the offline verdict window holds (the gateway's shadow.window)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), shadowUsage+"\nFlags of report:\n")
 		fs.PrintDefaults()

@@ -93,6 +93,19 @@ func (in *Injection) Kinds() []string {
 	return out
 }
 
+// Fired reports whether any of the request's faults acted (was injected) so far.
+func (in *Injection) Fired() bool {
+	if in == nil {
+		return false
+	}
+	for _, a := range in.faults {
+		if a.fired.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // Abort is an injected error answer.
 type Abort struct {
 	// Side tells how to treat it: Upstream is the model server's answer (the gateway's

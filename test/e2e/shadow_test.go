@@ -39,12 +39,12 @@ const toolChat = `{"model":"sim-llama","stream":true,"max_tokens":24,"messages":
 
 const plainChat = `{"model":"sim-llama","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"tell me about %d"}]}`
 
-// drive sends n streaming requests, 4 at a time, each its own session, and fails the test on
-// any primary error.
-func drive(t *testing.T, hc *http.Client, g *gateway, n int, body string) {
+// drive sends n streaming requests, conc at a time, each its own session, and fails the test
+// on any primary error.
+func drive(t *testing.T, hc *http.Client, g *gateway, n, conc int, body string) {
 	t.Helper()
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
+	sem := make(chan struct{}, conc)
 	var mu sync.Mutex
 	var failed []string
 	for i := range n {
@@ -104,7 +104,10 @@ func verdictIs(t *testing.T, hc *http.Client, g *gateway, decision string) {
 // candidate is promoted, one 30% slower to the first token is rolled back, and one that drops
 // tool calls (the drift fault on the sandbox cluster) is rolled back as critical.
 func TestShadowVerdicts(t *testing.T) {
-	base := sim.Config{TTFT: 100 * time.Millisecond, ITL: 2 * time.Millisecond, Seed: 1}
+	// One request at a time: the simulator runs prefills one after another, so concurrent
+	// arrivals would make TTFT depend on arrival order (a bimodal spread that hides a 30% shift
+	// in the medians of 40 samples).
+	base := sim.Config{TTFT: 50 * time.Millisecond, ITL: 2 * time.Millisecond, Seed: 1}
 	for _, tc := range []struct {
 		name     string
 		cand     sim.Config
@@ -114,7 +117,7 @@ func TestShadowVerdicts(t *testing.T) {
 		metric   string // the metric that must show a regression ("" for promote)
 	}{
 		{"identical", base, "", plainChat, "promote", ""},
-		{"slower ttft", sim.Config{TTFT: 130 * time.Millisecond, ITL: 2 * time.Millisecond, Seed: 1}, "", plainChat, "rollback", "ttft"},
+		{"slower ttft", sim.Config{TTFT: 65 * time.Millisecond, ITL: 2 * time.Millisecond, Seed: 1}, "", plainChat, "rollback", "ttft"},
 		{"tool calls dropped", base,
 			"chaos: {enabled: true, faults: [{kind: drift, cluster: cand, remove: ['choices[].delta.tool_calls']}]}",
 			toolChat, "rollback", "tool_call_breakage"},
@@ -124,7 +127,7 @@ func TestShadowVerdicts(t *testing.T) {
 			c := startSim(t, tc.cand)
 			g := startGateway(t, shadowConfig(p.URL, c.URL, "{cluster: cand, fraction: 1, max_concurrency: 8}", tc.extra))
 			hc := newHTTPClient(t)
-			drive(t, hc, g, 40, tc.body)
+			drive(t, hc, g, 40, 1, tc.body)
 			eventually(t, 10*time.Second, "40 pairs", func() bool {
 				return metricValue(t, hc, g.admin, "sluice_shadow_pairs_total", `route="chat"`) >= 40
 			})
@@ -168,7 +171,7 @@ func TestMirrorQueueFullDrops(t *testing.T) {
 	p := startSim(t, sim.Config{})
 	g := startGateway(t, shadowConfig(p.URL, sandbox.URL, "{cluster: cand, fraction: 1, max_concurrency: 1, max_queue: 1}", ""))
 	hc := newHTTPClient(t)
-	drive(t, hc, g, 10, plainChat)
+	drive(t, hc, g, 10, 4, plainChat)
 	if d := metricValue(t, hc, g.admin, "sluice_shadow_dropped_total", `route="chat"`); d != 8 {
 		t.Fatalf("dropped %v copies, want 8 (one in the worker, one queued)", d)
 	}
@@ -183,7 +186,9 @@ func TestMirrorQueueFullDrops(t *testing.T) {
 // and is not charged to the tenant's rate limit.
 func TestMirrorCredentials(t *testing.T) {
 	t.Setenv("SHADOW_TENANT_KEYS", "tenant-secret")
+	var queries sync.Map
 	sandbox := startRecorder(t, func(w http.ResponseWriter, r *http.Request) {
+		queries.Store(r.URL.RawQuery, true)
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
 	})
@@ -195,15 +200,16 @@ func TestMirrorCredentials(t *testing.T) {
 	g := startGateway(t, cfg)
 	hc := newHTTPClient(t)
 	for i := range 3 {
-		resp, body := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/chat/completions", fmt.Sprintf(plainChat, i),
-			"Authorization", "Bearer tenant-secret", "Cookie", "session=abc", "X-Api-Key", "k", "X-Internal", "1")
+		resp, body := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/chat/completions?api-key=qsecret&trace=1", fmt.Sprintf(plainChat, i),
+			"Authorization", "Bearer tenant-secret", "Cookie", "session=abc", "X-Api-Key", "k", "X-Internal", "1",
+			"X-Sluice-Admin-Token", "admin-secret", "X-Goog-Api-Key", "g", "X-Auth-Token", "a", "Ocp-Apim-Subscription-Key", "o")
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d %s (mirrored copies must not be charged to the tenant)", i, resp.StatusCode, body)
 		}
 	}
 	eventually(t, 5*time.Second, "3 copies at the sandbox", func() bool { return sandbox.count() == 3 })
 	h := sandbox.last(t)
-	for _, k := range []string{"Cookie", "X-Api-Key", "X-Internal"} {
+	for _, k := range []string{"Cookie", "X-Api-Key", "X-Internal", "X-Sluice-Admin-Token", "X-Goog-Api-Key", "X-Auth-Token", "Ocp-Apim-Subscription-Key"} {
 		if v := h.Get(k); v != "" {
 			t.Errorf("sandbox got %s: %q", k, v)
 		}
@@ -214,6 +220,12 @@ func TestMirrorCredentials(t *testing.T) {
 	if h.Get("X-Env") != "shadow" || h.Get("X-Sluice-Mirror") != "candidate" {
 		t.Errorf("set headers missing: %v", h)
 	}
+	queries.Range(func(k, _ any) bool {
+		if q := k.(string); strings.Contains(q, "secret") || !strings.Contains(q, "trace=1") {
+			t.Errorf("sandbox query %q: credentials must go, the rest stay", q)
+		}
+		return true
+	})
 	for _, b := range sandbox.allBodies() {
 		if !strings.Contains(b, `"stream":true`) {
 			t.Errorf("copy is not a stream: %s", b)
