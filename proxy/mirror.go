@@ -51,7 +51,7 @@ type mirrorRoute struct {
 	retired atomic.Bool // replaced by a new candidate or removed: its pairs are not kept
 
 	// Counters since the route started mirroring (they survive a new queue).
-	offered, dropped, started                 atomic.Int64
+	offered, dropped, started                  atomic.Int64
 	pairs, replicas, failed, incomplete, trunc atomic.Int64
 
 	mu      sync.Mutex

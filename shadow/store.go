@@ -46,15 +46,15 @@ const SchemaVersion = 2
 // and breakage, similarity) plus the problems and notes, so PairResult gives back what
 // Add needs after a restart. The per-side latencies of Result are those of the answers.
 type PairRecord struct {
-	ID        int64     // assigned by the store
-	Route     string    // route name
+	ID    int64  // assigned by the store
+	Route string // route name
 	// CandidateID names the candidate compared (the sandbox cluster, "/model" when the
 	// mirror rewrites it): a new candidate's comparison does not restore an old one's pairs.
 	CandidateID string
 	Time        time.Time // when the primary's answer completed
-	RequestID string    // the gateway's request id, if any
-	Session   string    // the hash of the session (never the session id itself)
-	Endpoint  string    // the request path, e.g. /v1/chat/completions
+	RequestID   string    // the gateway's request id, if any
+	Session     string    // the hash of the session (never the session id itself)
+	Endpoint    string    // the request path, e.g. /v1/chat/completions
 	// Request is the redacted request body (see Redact); nil when not kept.
 	Request json.RawMessage
 	// Primary and Candidate are the two answers (text bounded by MaxStoredText).
@@ -92,11 +92,11 @@ type VerdictRecord struct {
 	ID          int64
 	Route       string
 	CandidateID string
-	Time     time.Time
-	Verdict  Verdict
-	Pairs    int64 // pairs behind the verdict (the gateway stores the accumulator's totals)
-	Replicas int64 // replica comparisons (noise-floor samples) behind it
-	Action   string
+	Time        time.Time
+	Verdict     Verdict
+	Pairs       int64 // pairs behind the verdict (the gateway stores the accumulator's totals)
+	Replicas    int64 // replica comparisons (noise-floor samples) behind it
+	Action      string
 }
 
 // Store keeps pairs and verdicts in an embedded SQLite database. It is safe for concurrent

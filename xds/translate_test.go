@@ -449,10 +449,10 @@ func TestTranslateGlobalPolicy(t *testing.T) {
 	t.Setenv("XDS_TEST_KEYS", "k1,k2")
 	ext := &corev3.TypedExtensionConfig{Name: PolicyName, TypedConfig: typedStruct(t, map[string]any{
 		"max_body_bytes": "8MiB", "drain_timeout": "5s",
-		"timeouts":     map[string]any{"ttft": "20s"},
-		"chaos":        map[string]any{"faults": []any{map[string]any{"kind": "abort", "status": 503, "percent": 1}}},
-		"tenants":      []any{map[string]any{"name": "team-a", "keys_env": "XDS_TEST_KEYS", "priority": 2}},
-		"shadow":       map[string]any{"window": 50, "verdict": map[string]any{"min_samples": 20}},
+		"timeouts": map[string]any{"ttft": "20s"},
+		"chaos":    map[string]any{"faults": []any{map[string]any{"kind": "abort", "status": 503, "percent": 1}}},
+		"tenants":  []any{map[string]any{"name": "team-a", "keys_env": "XDS_TEST_KEYS", "priority": 2}},
+		"shadow":   map[string]any{"window": 50, "verdict": map[string]any{"min_samples": 20}},
 	})}
 	c := translateOK(t, Resources{Policy: ext})
 	if c.MaxBodyBytes != 8<<20 || c.DrainTimeout.D() != 5*time.Second || c.Timeouts.TTFT.D() != 20*time.Second ||
