@@ -456,7 +456,40 @@ func (s *Server) applyLocked(c *config.Config) error {
 	if c.Version == old.snap.Config.Version {
 		return nil
 	}
+	if err := restartProblems(c, old.snap.Config); err != nil {
+		return err
+	}
+	st, err := s.build(c, old)
+	if err != nil {
+		return err
+	}
 	oc := old.snap.Config
+	s.state.Store(st)
+	if !reflect.DeepEqual(c.Chaos.Faults, oc.Chaos.Faults) {
+		// Validated with the config: this replaces the configured faults (and any set
+		// through the admin API) with the file's.
+		if err := s.chaos.Set(c.Chaos.Faults); err != nil {
+			s.log.Error("chaos faults not replaced", "err", err)
+		}
+	}
+	if s.certs != nil {
+		s.certs.set(c.TLS.CertFile, c.TLS.KeyFile)
+	}
+	old.stop()
+	for _, cl := range old.clusters {
+		cl.Close()
+	}
+	retire(old, st)
+	if s.started.Load() {
+		s.shadow.sync(c)
+	}
+	s.tel.SetConfigInfo(c.Version)
+	s.log.Info("config reloaded", "source", c.Source, "version", c.Version)
+	return nil
+}
+
+// restartProblems lists what c changes of oc that needs a restart, or nil.
+func restartProblems(c, oc *config.Config) error {
 	var p []string
 	if c.Listen != oc.Listen {
 		p = append(p, fmt.Sprintf("listen: changing %q to %q needs a restart", oc.Listen, c.Listen))
@@ -479,31 +512,29 @@ func (s *Server) applyLocked(c *config.Config) error {
 	if len(p) > 0 {
 		return &config.ValidationError{Problems: p}
 	}
-	st, err := s.build(c, old)
+	return nil
+}
+
+// Check reports whether Apply would take c, without applying it: the restart rules, then a
+// build of every cluster and policy, torn down at once. A control plane's client checks
+// what it ACKs even when it does not apply it yet.
+func (s *Server) Check(c *config.Config) error {
+	cc := *c
+	if s.opts.Chaos {
+		cc.Chaos.Enabled = true
+	}
+	if err := restartProblems(&cc, s.Config()); err != nil {
+		return err
+	}
+	st, err := s.build(&cc, nil)
 	if err != nil {
 		return err
 	}
-	s.state.Store(st)
-	if !reflect.DeepEqual(c.Chaos.Faults, oc.Chaos.Faults) {
-		// Validated with the config: this replaces the configured faults (and any set
-		// through the admin API) with the file's.
-		if err := s.chaos.Set(c.Chaos.Faults); err != nil {
-			s.log.Error("chaos faults not replaced", "err", err)
-		}
-	}
-	if s.certs != nil {
-		s.certs.set(c.TLS.CertFile, c.TLS.KeyFile)
-	}
-	old.stop()
-	for _, cl := range old.clusters {
+	st.stop()
+	for _, cl := range st.clusters {
 		cl.Close()
 	}
-	retire(old, st)
-	if s.started.Load() {
-		s.shadow.sync(c)
-	}
-	s.tel.SetConfigInfo(c.Version)
-	s.log.Info("config reloaded", "source", c.Source, "version", c.Version)
+	retire(st, &state{})
 	return nil
 }
 

@@ -50,6 +50,9 @@ type Bootstrap struct {
 	// LoadSignals and ShadowStore are the replica's own settings that a control plane cannot
 	// change (they need a restart): the file config's load_signals and shadow.store.
 	LoadSignals config.LoadSignals `yaml:"load_signals" json:"load_signals"`
+	// ListenTLS is the gateway listener's certificate and key (the file config's tls); the
+	// files are re-read when they change.
+	ListenTLS config.ListenerTLS `yaml:"listen_tls" json:"listen_tls,omitempty"`
 	ShadowStore string             `yaml:"shadow_store" json:"shadow_store,omitempty"`
 }
 
@@ -86,7 +89,7 @@ func LoadBootstrap(file string) (Bootstrap, error) {
 		return Bootstrap{}, fmt.Errorf("bootstrap %s: %w", file, err)
 	}
 	dir := filepath.Dir(file)
-	for _, p := range []*string{&b.TLS.CAFile, &b.TLS.CertFile, &b.TLS.KeyFile, &b.PersistPath} {
+	for _, p := range []*string{&b.TLS.CAFile, &b.TLS.CertFile, &b.TLS.KeyFile, &b.PersistPath, &b.ShadowStore, &b.ListenTLS.CertFile, &b.ListenTLS.KeyFile} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(dir, *p)
 		}

@@ -47,6 +47,10 @@ type ClientOptions struct {
 	// Apply swaps a translated config in (proxy.Server.Apply). An error NACKs the response
 	// that produced the config; the previous config keeps serving.
 	Apply func(*config.Config) error
+	// Check, when set, tells whether Apply would take a config without applying it
+	// (proxy.Server.Check). A config that waits for more resources is ACKed only when it
+	// passes, so nothing is ACKed that Apply would refuse later.
+	Check func(*config.Config) error
 	// Logger receives the client's log (slog.Default when nil).
 	Logger *slog.Logger
 	// Version is sent to the control plane as the node's user agent version.
@@ -228,7 +232,9 @@ func (c *Client) dial() (*grpc.ClientConn, error) {
 	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// Above grpc's default server enforcement (one ping per 5 minutes): a control plane
+		// with default settings would otherwise GOAWAY the replica every few minutes.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5*time.Minute + 30*time.Second, Timeout: 20 * time.Second}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
 	}
 	opts = append(opts, c.opts.DialOptions...)

@@ -182,6 +182,11 @@ func (s *session) handle(u *update) error {
 			} else {
 				applied = true
 			}
+		} else if c.opts.Check != nil {
+			// Not applied yet, but ACKed now: it must pass everything Apply would check.
+			if err := c.opts.Check(cfg); err != nil {
+				problems = problemsOf(err)
+			}
 		}
 	}
 	if len(problems) > 0 {
@@ -436,6 +441,12 @@ func (d *deltaStream) recv() (*update, error) {
 	}
 	u := &update{typeURL: r.GetTypeUrl(), version: r.GetSystemVersionInfo(), nonce: r.GetNonce(),
 		removed: r.GetRemovedResources(), upserts: map[string]entry{}}
+	if rc := d.c.opts.Bootstrap.RouteConfig; u.typeURL == typeRoute && slices.Contains(u.removed, rc) {
+		// As Envoy does: a removed route configuration is ignored (logged), so a control
+		// plane that drops and re-adds it does not take every replica's routes away.
+		d.c.log.Warn("xds: removal of the route configuration ignored; the last one keeps serving", "route_config", rc)
+		u.removed = slices.DeleteFunc(slices.Clone(u.removed), func(n string) bool { return n == rc })
+	}
 	raw := map[string]*anypb.Any{}
 	for _, res := range r.GetResources() {
 		if res.GetResource() == nil {

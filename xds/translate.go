@@ -588,6 +588,15 @@ func (t *translator) route(at string, r *routev3.Route, vhRetry *routev3.RetryPo
 		out.Cluster = rp.Cluster
 		wc := act.GetWeightedClusters()
 		t.unsupported(at+": route.weighted_clusters", wc, "clusters", "total_weight", "runtime_key_prefix")
+		if tw := wc.GetTotalWeight(); tw != nil {
+			sum := uint64(0)
+			for _, cw := range wc.GetClusters() {
+				sum += uint64(cw.GetWeight().GetValue())
+			}
+			if uint64(tw.GetValue()) != sum {
+				t.add(at+": route.weighted_clusters.total_weight", "%d is not the sum of the weights (%d), as Envoy requires", tw.GetValue(), sum)
+			}
+		}
 		for k, cw := range wc.GetClusters() {
 			cat := fmt.Sprintf("%s: route.weighted_clusters.clusters[%d]", at, k)
 			t.unsupported(cat, cw, "name", "weight", "typed_per_filter_config")
@@ -601,7 +610,7 @@ func (t *translator) route(at string, r *routev3.Route, vhRetry *routev3.RetryPo
 		}
 	}
 	out.Model = rp.Model
-	out.Timeouts = config.Timeouts{Connect: rp.Timeouts.Connect, TTFT: rp.Timeouts.TTFT, Idle: dur(act.GetIdleTimeout()), Total: dur(act.GetTimeout())}
+	out.Timeouts = config.Timeouts{Connect: rp.Timeouts.Connect, TTFT: rp.Timeouts.TTFT, Idle: envoyTimeout(act.GetIdleTimeout()), Total: envoyTimeout(act.GetTimeout())}
 	out.Policies = rp.Policies
 	out.Sticky, out.GrayFlagHeader, out.Fallback = rp.Sticky, rp.GrayFlagHeader, rp.Fallback
 	out.Breaker, out.Resume, out.ContractMismatch = rp.Breaker, rp.Resume, rp.ContractMismatch
@@ -626,11 +635,17 @@ func (t *translator) route(at string, r *routev3.Route, vhRetry *routev3.RetryPo
 		if rf := mp.GetRuntimeFraction(); rf != nil {
 			mi.Fraction = fraction(rf.GetDefaultValue())
 		}
+		if mi.Fraction == 0 {
+			// Envoy's "mirror nothing" (a staged rollout's first step): no mirror, no error.
+			mi = nil
+		}
 		if x := rp.Mirror; x != nil {
 			mi.Model, mi.ReplicaFraction, mi.MaxQueue, mi.MaxConcurrency = x.Model, x.ReplicaFraction, x.MaxQueue, x.MaxConcurrency
 			mi.CaptureBytes, mi.Timeout, mi.StripHeaders, mi.SetHeaders, mi.Progression = x.CaptureBytes, x.Timeout, x.StripHeaders, x.SetHeaders, x.Progression
 		}
-		out.Mirror = mi
+		if mi != nil {
+			out.Mirror = mi
+		}
 	} else if rp.Mirror != nil {
 		t.add(at, "typed_per_filter_config[%q].mirror: the route has no request_mirror_policies", PolicyName)
 	}
@@ -859,4 +874,16 @@ func namesOf[V any](m map[string]V) []string {
 func exactMatch(h *routev3.HeaderMatcher) string {
 	//lint:ignore SA1019 accepted for compatibility, as Envoy does
 	return h.GetExactMatch()
+}
+
+// NoTimeout stands for Envoy's explicit 0s route timeout or idle_timeout ("disabled"): a
+// day, since Sluice's zero means "inherit".
+const NoTimeout = 24 * time.Hour
+
+// envoyTimeout is a route time-out with Envoy's meaning: unset inherits, 0s disables.
+func envoyTimeout(d *durationpb.Duration) config.Duration {
+	if d != nil && d.AsDuration() == 0 {
+		return config.Duration(NoTimeout)
+	}
+	return dur(d)
 }

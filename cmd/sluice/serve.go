@@ -168,7 +168,7 @@ func xdsBootstrap(file string, set map[string]bool, f xdsFlags) (xds.Bootstrap, 
 // serveXDS runs the gateway on the config an xDS control plane sends: it starts on an empty
 // config (not ready), and the ADS client applies every good config the control plane pushes.
 func serveXDS(ctx context.Context, boot xds.Bootstrap, log *slog.Logger, chaos bool) error {
-	topts := xds.TranslateOptions{Listen: boot.Listen, AdminListen: boot.Admin, RouteConfig: boot.RouteConfig,
+	topts := xds.TranslateOptions{Listen: boot.Listen, TLS: boot.ListenTLS, AdminListen: boot.Admin, RouteConfig: boot.RouteConfig,
 		LoadSignals: boot.LoadSignals, Chaos: chaos, ShadowStore: boot.ShadowStore}
 	cfg, err := xds.InitialConfig(topts)
 	if err != nil {
@@ -189,6 +189,7 @@ func serveXDS(ctx context.Context, boot xds.Bootstrap, log *slog.Logger, chaos b
 		Bootstrap: boot,
 		Translate: func(r xds.Resources) (*config.Config, error) { return xds.Translate(r, topts) },
 		Apply:     srv.Apply,
+		Check:     srv.Check,
 		Logger:    log,
 		Version:   version,
 	})

@@ -20,6 +20,7 @@ import (
 	cplog "github.com/envoyproxy/go-control-plane/pkg/log"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/sluicegw/sluice/proxy/config"
 )
@@ -186,7 +187,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	xs := xdsserver.NewServer(ctx, s.cache, s.callbacks())
-	gs := grpc.NewServer(s.opts.GRPCOptions...)
+	// Clients may ping every 10s even without a stream (grpc's default policy allows one ping
+	// every 5 minutes and answers more with GOAWAY "too_many_pings", cutting idle replicas off).
+	gopts := append([]grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: 10 * time.Second, PermitWithoutStream: true})}, s.opts.GRPCOptions...)
+	gs := grpc.NewServer(gopts...)
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, xs)
 	clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(gs, xs)
