@@ -52,7 +52,7 @@ type Bootstrap struct {
 	LoadSignals config.LoadSignals `yaml:"load_signals" json:"load_signals"`
 	// ListenTLS is the gateway listener's certificate and key (the file config's tls); the
 	// files are re-read when they change.
-	ListenTLS config.ListenerTLS `yaml:"listen_tls" json:"listen_tls,omitempty"`
+	ListenTLS   config.ListenerTLS `yaml:"listen_tls" json:"listen_tls,omitempty"`
 	ShadowStore string             `yaml:"shadow_store" json:"shadow_store,omitempty"`
 }
 

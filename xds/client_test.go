@@ -59,6 +59,14 @@ type seenRequest struct {
 	initial   map[string]string
 }
 
+// seenResponse is one delta discovery response the management server sent.
+type seenResponse struct {
+	typeURL string
+	nonce   string
+	names   []string
+	removed []string
+}
+
 // mgmtServer is go-control-plane's snapshot cache and xDS server on 127.0.0.1.
 type mgmtServer struct {
 	cache cachev3.SnapshotCache
@@ -67,9 +75,10 @@ type mgmtServer struct {
 	stopX context.CancelFunc
 	done  chan struct{}
 
-	mu   sync.Mutex
-	reqs []seenRequest
-	once sync.Once
+	mu    sync.Mutex
+	reqs  []seenRequest
+	resps []seenResponse
+	once  sync.Once
 }
 
 // startMgmt serves cache (a new one when nil) on addr ("127.0.0.1:0" for any port) until
@@ -105,6 +114,15 @@ func startMgmt(t *testing.T, addr string, cache cachev3.SnapshotCache, opts ...g
 				errMsg: r.GetErrorDetail().GetMessage(), subscribe: r.GetResourceNamesSubscribe(), unsub: r.GetResourceNamesUnsubscribe(), initial: r.GetInitialResourceVersions()})
 			return nil
 		},
+		StreamDeltaResponseFunc: func(_ int64, _ *discoveryv3.DeltaDiscoveryRequest, r *discoveryv3.DeltaDiscoveryResponse) {
+			sr := seenResponse{typeURL: r.GetTypeUrl(), nonce: r.GetNonce(), removed: slices.Clone(r.GetRemovedResources())}
+			for _, res := range r.GetResources() {
+				sr.names = append(sr.names, res.GetName())
+			}
+			m.mu.Lock()
+			m.resps = append(m.resps, sr)
+			m.mu.Unlock()
+		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m.stopX = cancel
@@ -138,6 +156,19 @@ func (m *mgmtServer) requests(match func(seenRequest) bool) []seenRequest {
 	defer m.mu.Unlock()
 	var out []seenRequest
 	for _, r := range m.reqs {
+		if match(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// responses returns the delta responses sent so far that match.
+func (m *mgmtServer) responses(match func(seenResponse) bool) []seenResponse {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []seenResponse
+	for _, r := range m.resps {
 		if match(r) {
 			out = append(out, r)
 		}
@@ -590,6 +621,180 @@ func TestClientNACKsAndKeepsTheLastGoodConfig(t *testing.T) {
 		waitFor(t, 5*time.Second, "the good update", func() bool { return routeClusterOf(h.last()) == "b" })
 		waitFor(t, 5*time.Second, "the status to follow", func() bool { return h.client.Status().ConfigVersion == h.last().Version })
 	})
+}
+
+func TestClientNACKsAWaitingConfigThatFailsCheck(t *testing.T) {
+	noLeaks(t)
+	m := startMgmt(t, "127.0.0.1:0", nil)
+	good := resSet{
+		clusters: []*clusterv3.Cluster{static("a", "127.0.0.1:9001")},
+		routes:   []*routev3.RouteConfiguration{routesTo("a", nil)},
+	}
+	m.set(t, "node-1", good.snapshot(t, "v1"))
+	const checkMsg = "cluster quarantined: refused by the gateway's check"
+	hasQuarantined := func(c *config.Config) bool {
+		return slices.ContainsFunc(c.Clusters, func(cl config.Cluster) bool { return cl.Name == "quarantined" })
+	}
+	var (
+		checkMu           sync.Mutex
+		checkedBad, passd int
+	)
+	h := runClient(t, m.addr, true, func(o *xds.ClientOptions) {
+		// Short: a waiting config wrongly ACKed would be applied by the warm time-out.
+		o.WarmTimeout = 200 * time.Millisecond
+		o.Check = func(c *config.Config) error {
+			checkMu.Lock()
+			defer checkMu.Unlock()
+			if hasQuarantined(c) {
+				checkedBad++
+				return &config.ValidationError{Problems: []string{checkMsg}}
+			}
+			passd++
+			return nil
+		}
+	})
+	waitFor(t, 5*time.Second, "the first config", func() bool { return routeClusterOf(h.last()) == "a" })
+	v1 := h.last().Version
+
+	// An EDS cluster whose endpoints never come, and a route to it: the config would wait for
+	// them, and Check refuses it, so it is NACKed with Check's problem rather than ACKed.
+	bad := resSet{
+		clusters: []*clusterv3.Cluster{static("a", "127.0.0.1:9001"), viaEDS("quarantined")},
+		routes:   []*routev3.RouteConfiguration{routesTo("quarantined", nil)},
+	}
+	m.set(t, "node-1", bad.snapshot(t, "v2"))
+	waitFor(t, 5*time.Second, "a CDS NACK with Check's problem", func() bool {
+		return slices.ContainsFunc(m.nacks(resource.ClusterType), func(r seenRequest) bool { return strings.Contains(r.errMsg, checkMsg) })
+	})
+	for _, typ := range []string{resource.ClusterType, resource.RouteType} {
+		for _, n := range m.nacks(typ) {
+			if !strings.Contains(n.errMsg, checkMsg) {
+				t.Errorf("%s NACK %q lacks Check's problem", typ, n.errMsg)
+			}
+		}
+	}
+	// Nothing was subscribed for the refused cluster's endpoints: its CDS update was not accepted.
+	if r := m.requests(func(r seenRequest) bool {
+		return r.typeURL == resource.EndpointType && slices.Contains(r.subscribe, "quarantined")
+	}); len(r) > 0 {
+		t.Errorf("EDS subscription to the refused cluster: %+v", r[0])
+	}
+	// Well past the warm time-out: nothing waited, nothing was applied.
+	time.Sleep(4 * 200 * time.Millisecond)
+	st := h.client.Status()
+	if len(st.Waiting) > 0 {
+		t.Errorf("status waiting = %v after a NACK", st.Waiting)
+	}
+	if st.ConfigVersion != v1 || h.last().Version != v1 {
+		t.Errorf("serving %s / %s after the NACK, want %s", st.ConfigVersion, h.last().Version, v1)
+	}
+	var cdsNack *xds.NackStatus
+	for _, ts := range st.Types {
+		if ts.Type == "cds" {
+			cdsNack = ts.LastNack
+		}
+	}
+	if cdsNack == nil || !slices.Contains(cdsNack.Errors, checkMsg) {
+		t.Errorf("cds last NACK = %+v, want Check's problem", cdsNack)
+	}
+	checkMu.Lock()
+	if checkedBad == 0 {
+		t.Error("Check never saw the waiting config")
+	}
+	checkMu.Unlock()
+
+	// A good update that waits for its endpoints passes Check: ACKed, then applied once they came.
+	acksBefore := len(m.acks(resource.ClusterType))
+	fixed := resSet{
+		clusters: []*clusterv3.Cluster{static("a", "127.0.0.1:9001"), viaEDS("b")},
+		clas:     []*endpointv3.ClusterLoadAssignment{assignment("b", "127.0.0.1:9002")},
+		routes:   []*routev3.RouteConfiguration{routesTo("b", nil)},
+	}
+	m.set(t, "node-1", fixed.snapshot(t, "v3"))
+	waitFor(t, 5*time.Second, "the good update", func() bool {
+		return routeClusterOf(h.last()) == "b" && slices.Equal(endpointsOf(h.last(), "b"), []string{"http://127.0.0.1:9002"})
+	})
+	waitFor(t, 5*time.Second, "its CDS ACK", func() bool { return len(m.acks(resource.ClusterType)) > acksBefore })
+	waitFor(t, 5*time.Second, "the status to follow", func() bool { return h.client.Status().ConfigVersion == h.last().Version })
+	checkMu.Lock()
+	if passd == 0 {
+		t.Error("Check was not asked about the good waiting config")
+	}
+	checkMu.Unlock()
+	for _, c := range h.all() {
+		if hasQuarantined(c) {
+			t.Errorf("Apply was called with config %s, which Check refused", c.Version)
+		}
+	}
+}
+
+func TestClientKeepsTheRouteConfigurationTheServerRemoves(t *testing.T) {
+	noLeaks(t)
+	m := startMgmt(t, "127.0.0.1:0", nil)
+	v1 := resSet{
+		clusters: []*clusterv3.Cluster{static("a", "127.0.0.1:9001")},
+		routes:   []*routev3.RouteConfiguration{routesTo("a", nil)},
+	}
+	m.set(t, "node-1", v1.snapshot(t, "v1"))
+	const warm = 200 * time.Millisecond
+	h := runClient(t, m.addr, true, func(o *xds.ClientOptions) { o.WarmTimeout = warm })
+	waitFor(t, 5*time.Second, "the first config", func() bool { return routeClusterOf(h.last()) == "a" })
+
+	// The route configuration leaves the snapshot (and a cluster is added): the delta server
+	// sends removed_resources ["sluice"]; the client ignores it and keeps its routes.
+	rdsAcks := len(m.acks(resource.RouteType))
+	v2 := resSet{clusters: []*clusterv3.Cluster{static("a", "127.0.0.1:9001"), static("b", "127.0.0.1:9002")}}
+	m.set(t, "node-1", v2.snapshot(t, "v2"))
+	waitFor(t, 5*time.Second, "the removal of the route configuration", func() bool {
+		return len(m.responses(func(r seenResponse) bool {
+			return r.typeURL == resource.RouteType && slices.Contains(r.removed, "sluice")
+		})) > 0
+	})
+	removal := m.responses(func(r seenResponse) bool {
+		return r.typeURL == resource.RouteType && slices.Contains(r.removed, "sluice")
+	})[0]
+	waitFor(t, 5*time.Second, "the ACK of the removal", func() bool {
+		return len(m.requests(func(r seenRequest) bool {
+			return r.typeURL == resource.RouteType && r.nonce == removal.nonce && r.errMsg == ""
+		})) > 0
+	})
+	if n := m.nacks(resource.RouteType); len(n) > 0 {
+		t.Errorf("unexpected RDS NACK: %q", n[0].errMsg)
+	}
+	if got := len(m.acks(resource.RouteType)); got <= rdsAcks {
+		t.Errorf("RDS ACKs = %d, want more than %d", got, rdsAcks)
+	}
+	waitFor(t, 5*time.Second, "the config with cluster b", func() bool { return endpointsOf(h.last(), "b") != nil })
+	// Well past the warm time-out: the client did not go back to waiting for the route
+	// configuration, nor apply a config without routes.
+	time.Sleep(4 * warm)
+	for _, c := range h.all() {
+		if routeClusterOf(c) != "a" {
+			t.Errorf("config %s applied with routes %+v, want the last route configuration kept", c.Version, c.Routes)
+		}
+	}
+	st := h.client.Status()
+	if len(st.Waiting) > 0 {
+		t.Errorf("status waiting = %v after the removal", st.Waiting)
+	}
+	if st.ConfigVersion != h.last().Version || !h.client.Ready() {
+		t.Errorf("status = %+v, want serving %s", st, h.last().Version)
+	}
+	for _, ts := range st.Types {
+		if ts.Type == "rds" && ts.Resources["sluice"] == "" {
+			t.Errorf("rds resources = %v, want sluice kept", ts.Resources)
+		}
+	}
+
+	// The route configuration comes back (changed): applied as usual.
+	v3 := v2
+	v3.routes = []*routev3.RouteConfiguration{routesTo("b", nil)}
+	m.set(t, "node-1", v3.snapshot(t, "v3"))
+	waitFor(t, 5*time.Second, "the route configuration again", func() bool { return routeClusterOf(h.last()) == "b" })
+	waitFor(t, 5*time.Second, "the status to follow", func() bool { return h.client.Status().ConfigVersion == h.last().Version })
+	if n := m.nacks(resource.RouteType); len(n) > 0 {
+		t.Errorf("unexpected RDS NACK: %q", n[0].errMsg)
+	}
 }
 
 func TestClientBacksOffIdenticalNACKs(t *testing.T) {
