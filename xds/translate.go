@@ -588,15 +588,6 @@ func (t *translator) route(at string, r *routev3.Route, vhRetry *routev3.RetryPo
 		out.Cluster = rp.Cluster
 		wc := act.GetWeightedClusters()
 		t.unsupported(at+": route.weighted_clusters", wc, "clusters", "total_weight", "runtime_key_prefix")
-		if tw := wc.GetTotalWeight(); tw != nil {
-			sum := uint64(0)
-			for _, cw := range wc.GetClusters() {
-				sum += uint64(cw.GetWeight().GetValue())
-			}
-			if uint64(tw.GetValue()) != sum {
-				t.add(at+": route.weighted_clusters.total_weight", "%d is not the sum of the weights (%d), as Envoy requires", tw.GetValue(), sum)
-			}
-		}
 		for k, cw := range wc.GetClusters() {
 			cat := fmt.Sprintf("%s: route.weighted_clusters.clusters[%d]", at, k)
 			t.unsupported(cat, cw, "name", "weight", "typed_per_filter_config")
