@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -59,5 +60,30 @@ func TestDecodeResourceProblems(t *testing.T) {
 	}
 	if _, _, p := decodeResource(typeCluster, "x", &anypb.Any{TypeUrl: typeCluster, Value: []byte{0xff, 0xff}}); len(p) != 1 {
 		t.Errorf("garbage: %q", p)
+	}
+}
+
+// fakeSotw replays one response to sotwStream.recv.
+type fakeSotw struct {
+	discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	resp *discoveryv3.DiscoveryResponse
+}
+
+func (f fakeSotw) Recv() (*discoveryv3.DiscoveryResponse, error) { return f.resp, nil }
+
+// TestSotwUndecodableResourceIsReported: a state-of-the-world resource that does not decode
+// has no name to tell whose it is; it must be a problem (NACK), not dropped and ACKed.
+func TestSotwUndecodableResourceIsReported(t *testing.T) {
+	c := &Client{opts: ClientOptions{Bootstrap: Bootstrap{RouteConfig: "sluice"}}}
+	for _, typeURL := range []string{typeRoute, typePolicy, typeCluster} {
+		w := &sotwStream{c: c, s: fakeSotw{resp: &discoveryv3.DiscoveryResponse{TypeUrl: typeURL, VersionInfo: "1", Nonce: "n",
+			Resources: []*anypb.Any{{TypeUrl: typeURL, Value: []byte{0xff, 0xff, 0xff}}}}}}
+		u, err := w.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(u.problems) == 0 || len(u.upserts) != 0 {
+			t.Errorf("%s: problems %v, upserts %d: an undecodable resource must be reported", shortType(typeURL), u.problems, len(u.upserts))
+		}
 	}
 }

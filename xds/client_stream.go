@@ -150,12 +150,14 @@ func (c *Client) session(ctx context.Context) (healthy bool, err error) {
 // handle accepts or rejects one response.
 func (s *session) handle(u *update) error {
 	c := s.c
+	if !slices.Contains(clientTypes, u.typeURL) {
+		// Not subscribed: ignored without an answer (a state-of-the-world ACK naming no
+		// resources would subscribe to every resource of the type).
+		c.log.Debug("xds response of a type not subscribed; ignored", "type", u.typeURL)
+		return nil
+	}
 	s.nonces[u.typeURL] = u.nonce
 	delete(s.pending, u.typeURL) // a newer response supersedes a NACK still waiting
-	if !slices.Contains(clientTypes, u.typeURL) {
-		c.log.Debug("xds response of a type not subscribed; ignored", "type", u.typeURL)
-		return s.st.ack(s, u)
-	}
 	c.mu.Lock()
 	acc := c.acc
 	c.mu.Unlock()
@@ -545,9 +547,11 @@ func (w *sotwStream) recv() (*update, error) {
 			key = fmt.Sprintf("#%d", i)
 		}
 		raw[key] = a
-		if !w.c.keep(u.typeURL, name) {
+		if name != "" && !w.c.keep(u.typeURL, name) {
 			continue // another route configuration or extension config: not ours
 		}
+		// A resource that does not decode has no name to tell whose it is: it is reported
+		// (NACK) rather than dropped, since it may be ours.
 		u.problems = append(u.problems, probs...)
 		if len(probs) == 0 {
 			if _, dup := u.upserts[name]; dup {

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -55,10 +57,16 @@ type Server struct {
 	mu      sync.Mutex
 	current *cache.Snapshot
 	version string
-	content []byte // of the file served
-	tried   []byte // of the file last read, valid or not
-	nodes   map[string]bool
+	content []byte           // of the file served
+	tried   []byte           // of the file last read, valid or not
+	streams map[int64]string // open streams and their node ids
 }
+
+// fleet is the one snapshot key: every node gets the same resources.
+type fleet struct{}
+
+// ID implements cache.NodeHash.
+func (fleet) ID(*corev3.Node) string { return "fleet" }
 
 // New loads the file (it must be valid) and builds the server. Nothing listens until Serve.
 func New(opts Options) (*Server, error) {
@@ -74,8 +82,8 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts, log: opts.Logger, nodes: map[string]bool{}}
-	s.cache = cache.NewSnapshotCache(false, cache.IDHash{}, slogAdapter{opts.Logger})
+	s := &Server{opts: opts, log: opts.Logger, streams: map[int64]string{}}
+	s.cache = cache.NewSnapshotCache(false, fleet{}, slogAdapter{opts.Logger})
 	if _, err := s.Reload(context.Background()); err != nil {
 		return nil, err
 	}
@@ -89,14 +97,19 @@ func (s *Server) Version() string {
 	return s.version
 }
 
-// Nodes lists the node ids that have connected.
+// Nodes lists the ids of the nodes connected now, sorted.
 func (s *Server) Nodes() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.nodes))
-	for n := range s.nodes {
-		out = append(out, n)
+	seen := map[string]bool{}
+	out := []string{}
+	for _, n := range s.streams {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
 	}
+	slices.Sort(out)
 	return out
 }
 
@@ -134,50 +147,49 @@ func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 		return false, nil
 	}
 	s.current, s.version, s.content = snap, c.Version, data
-	var errs []error
-	for n := range s.nodes {
-		if err := s.cache.SetSnapshot(ctx, n, snap); err != nil {
-			errs = append(errs, fmt.Errorf("node %q: %w", n, err))
-		}
+	// One snapshot for the fleet (the cache's node hash maps every node to it).
+	if err := s.cache.SetSnapshot(ctx, fleet{}.ID(nil), snap); err != nil {
+		return true, fmt.Errorf("xds server: snapshot: %w", err)
 	}
-	return true, errors.Join(errs...)
+	return true, nil
 }
 
-// seen gives a node the current snapshot the first time it asks for anything.
-func (s *Server) seen(node string) error {
+// seen records a stream's node the first time the stream asks for anything.
+func (s *Server) seen(stream int64, node string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.nodes[node] {
-		return nil
+	if _, ok := s.streams[stream]; ok {
+		return
 	}
-	s.nodes[node] = true
+	s.streams[stream] = node
 	s.log.Info("xds node connected", "node", node, "version", s.version)
-	if err := s.cache.SetSnapshot(context.Background(), node, s.current); err != nil {
-		return fmt.Errorf("xds server: snapshot for node %q: %w", node, err)
+}
+
+func (s *Server) closed(stream int64, node *corev3.Node) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.streams[stream]; ok {
+		delete(s.streams, stream)
+		s.log.Info("xds node disconnected", "node", node.GetId())
 	}
-	return nil
 }
 
 func (s *Server) callbacks() xdsserver.Callbacks {
 	return xdsserver.CallbackFuncs{
-		StreamRequestFunc: func(_ int64, r *discoverygrpc.DiscoveryRequest) error {
+		StreamRequestFunc: func(id int64, r *discoverygrpc.DiscoveryRequest) error {
 			if n := r.GetNode().GetId(); n != "" {
-				return s.seen(n)
+				s.seen(id, n)
 			}
 			return nil
 		},
-		StreamDeltaRequestFunc: func(_ int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
+		StreamDeltaRequestFunc: func(id int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
 			if n := r.GetNode().GetId(); n != "" {
-				return s.seen(n)
+				s.seen(id, n)
 			}
 			return nil
 		},
-		FetchRequestFunc: func(_ context.Context, r *discoverygrpc.DiscoveryRequest) error {
-			if n := r.GetNode().GetId(); n != "" {
-				return s.seen(n)
-			}
-			return nil
-		},
+		StreamClosedFunc:      s.closed,
+		DeltaStreamClosedFunc: s.closed,
 	}
 }
 
