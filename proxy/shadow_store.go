@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -51,8 +49,7 @@ func (sh *shadowing) recordPair(ctx context.Context, j *mirrorJob, rec shadow.Pa
 	}
 	rec.RequestID = j.preq.ID
 	if j.preq.Session != "" {
-		sum := sha256.Sum256([]byte(j.preq.Session))
-		rec.Session = hex.EncodeToString(sum[:8])
+		rec.Session = st.SessionHash(j.preq.Session)
 	}
 	rec.Endpoint = j.endpoint
 	// The pair is complete: keep it even when the mirror is being stopped.

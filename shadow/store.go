@@ -2,7 +2,10 @@ package shadow
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,7 +38,7 @@ const (
 
 // SchemaVersion is the version of the store's tables this binary writes. A store
 // written by a newer binary is refused rather than misread.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // PairRecord is one stored mirrored pair: the redacted request, the primary's and the
 // candidate's answers (and the replica's, when the request was also replayed on the
@@ -102,8 +105,9 @@ type VerdictRecord struct {
 // Store keeps pairs and verdicts in an embedded SQLite database. It is safe for concurrent
 // use.
 type Store struct {
-	db   *sql.DB
-	path string
+	db         *sql.DB
+	path       string
+	sessionKey []byte
 }
 
 // OpenStore opens (creating if needed) the store at path; "" or ":memory:" keeps it in
@@ -138,7 +142,19 @@ func OpenStore(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("shadow store %s: %w", describePath(path), err)
 	}
+	if err := db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'session_key'`).Scan(&s.sessionKey); err != nil || len(s.sessionKey) < 16 {
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: session key: %v", describePath(path), err)
+	}
 	return s, nil
+}
+
+// SessionHash is the store's keyed hash of a session id (HMAC-SHA256, 16 hex digits): pairs
+// of one conversation share it, and it cannot be reversed by hashing guessed ids.
+func (s *Store) SessionHash(session string) string {
+	m := hmac.New(sha256.New, s.sessionKey)
+	m.Write([]byte(session))
+	return hex.EncodeToString(m.Sum(nil)[:8])
 }
 
 func describePath(p string) string {
@@ -215,6 +231,10 @@ CREATE INDEX verdicts_route_ts ON verdicts(route, ts_ns, id);`,
 	`ALTER TABLE pairs ADD COLUMN candidate TEXT NOT NULL DEFAULT '';
 ALTER TABLE verdicts ADD COLUMN candidate TEXT NOT NULL DEFAULT '';
 CREATE INDEX pairs_route_candidate_ts ON pairs(route, candidate, ts_ns, id);`,
+	// 3: the store's own key for session hashes (HMAC), so they cannot be reversed by
+	// hashing guessed session ids.
+	`CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+INSERT INTO meta (key, value) VALUES ('session_key', randomblob(32));`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {

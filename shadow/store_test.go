@@ -2,6 +2,8 @@ package shadow
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"math"
 	"os"
@@ -381,5 +383,39 @@ func TestStoreRestoreByCandidate(t *testing.T) {
 	ps, err := s.Pairs(ctx, "chat", 1)
 	if err != nil || len(ps) != 1 || ps[0].CandidateID != "new" {
 		t.Errorf("newest pair %+v, %v", ps, err)
+	}
+}
+
+func TestStoreSessionHash(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, err := OpenStore(ctx, dir+"/a.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h1 := a.SessionHash("alice@example.com")
+	if h1 == "" || h1 != a.SessionHash("alice@example.com") || h1 == a.SessionHash("bob@example.com") {
+		t.Fatalf("hashes %q", h1)
+	}
+	sum := sha256.Sum256([]byte("alice@example.com"))
+	if h1 == hex.EncodeToString(sum[:8]) {
+		t.Error("the session hash is a plain SHA-256: reversible by hashing guessed ids")
+	}
+	a.Close()
+	a2, err := OpenStore(ctx, dir+"/a.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a2.Close()
+	if a2.SessionHash("alice@example.com") != h1 {
+		t.Error("the key did not survive a reopen")
+	}
+	b, err := OpenStore(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if b.SessionHash("alice@example.com") == h1 {
+		t.Error("two stores share a key")
 	}
 }
