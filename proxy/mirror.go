@@ -500,7 +500,7 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	defer func() {
 		inj.Done(fault.Outcome{Status: a.Status, ErrorClass: a.ErrorClass, Cluster: clusterName, Attempts: 1, ClientSawError: !a.OK()})
 	}()
-	at := inj.Attempt(clusterName)
+	at := inj.AttemptNamed(clusterName)
 	var tap openai.Tap
 	tap.Start = time.Now()
 	var resp *http.Response

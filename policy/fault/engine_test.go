@@ -506,6 +506,13 @@ func TestAttemptsAndClusters(t *testing.T) {
 	if ids(in2.Attempt("small-fallback")) != "" || ids(in2.Attempt("llama-primary")) == "" {
 		t.Error("cluster filter")
 	}
+	// A mirrored copy gets only the faults that name its cluster.
+	e3, _, _ := newEngine(t, Spec{ID: "named", Kind: KindAbort, Cluster: "cand*"}, Spec{ID: "any", Kind: KindDrop})
+	in3 := e3.Plan(request("r", "m"), "chat", nil)
+	defer in3.Done(Outcome{})
+	if got := ids(in3.AttemptNamed("candidate")); got != "named" {
+		t.Errorf("AttemptNamed: %q, want only the named fault", got)
+	}
 }
 
 func TestHeaderFaultsAddToConfigured(t *testing.T) {

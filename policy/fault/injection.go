@@ -211,12 +211,23 @@ type Attempt struct {
 // none): those whose cluster glob matches and that have hit fewer attempts than their
 // attempts (default 1). Call it once per upstream attempt, in order.
 func (in *Injection) Attempt(cluster string) *Attempt {
+	return in.attempt(cluster, false)
+}
+
+// AttemptNamed is Attempt for a request the client never sees (a mirrored copy): only
+// faults whose cluster filter is set and matches apply, so faults meant for the primary's
+// path do not also act on its copies.
+func (in *Injection) AttemptNamed(cluster string) *Attempt {
+	return in.attempt(cluster, true)
+}
+
+func (in *Injection) attempt(cluster string, named bool) *Attempt {
 	if in == nil || !in.live() {
 		return nil
 	}
 	var at *Attempt
 	for _, a := range in.faults {
-		if a.f.side != Upstream || !glob(a.f.spec.Cluster, cluster) {
+		if a.f.side != Upstream || !glob(a.f.spec.Cluster, cluster) || named && a.f.spec.Cluster == "" {
 			continue
 		}
 		limit := int32(max(a.f.spec.Attempts, 1))
