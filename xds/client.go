@@ -170,12 +170,15 @@ func (c *Client) Run(ctx context.Context) error {
 	defer c.setState(StateDisconnected)
 	failures := 0
 	for {
+		began := time.Now()
 		healthy, err := c.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
 		c.setErr(fmt.Errorf("stream to %s: %w", c.opts.Bootstrap.Server, err))
-		if healthy {
+		if healthy && time.Since(began) >= stableStream {
+			// Only a stream that lasted resets the back-off: a server that answers once and
+			// then drops the stream is retried ever more slowly, not several times a second.
 			failures = 0
 		}
 		c.mu.Lock()
@@ -199,6 +202,10 @@ func (c *Client) Run(ctx context.Context) error {
 		c.mu.Unlock()
 	}
 }
+
+// stableStream is how long a stream must have lasted for its end to count as a fresh start
+// of the reconnect back-off.
+const stableStream = 30 * time.Second
 
 // reconnectDelay is base·2^n capped at max, drawn uniformly from its upper half.
 func (c *Client) reconnectDelay(n int) time.Duration {
