@@ -68,6 +68,26 @@ func (e *ValidationError) Error() string {
 	return fmt.Sprintf("invalid config (%d problems):\n  %s", len(e.Problems), strings.Join(e.Problems, "\n  "))
 }
 
+// LoadFileForReplicas loads a config file that a control plane serves to other hosts
+// (`sluice xds`): what only a replica can check (environment variables, files, the admin
+// token) is left to each replica, and relative paths stay relative (each replica resolves
+// them against its own working directory).
+func LoadFileForReplicas(file string) (*Config, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	c, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	c.Remote = true
+	if err := c.Finish(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	return c, nil
+}
+
 // LoadFile reads, decodes, defaults and validates a YAML config file.
 func LoadFile(file string) (*Config, error) {
 	data, err := os.ReadFile(file)
@@ -294,18 +314,18 @@ func (c *Config) Validate() error {
 	}
 	if err := checkHostPort(c.Admin.Listen); err != nil {
 		add("admin.listen: %v", err)
-	} else if !IsLoopback(c.Admin.Listen) && os.Getenv(c.Admin.TokenEnv) == "" {
+	} else if !c.Remote && !IsLoopback(c.Admin.Listen) && os.Getenv(c.Admin.TokenEnv) == "" {
 		add("admin.listen: %q is not a loopback address, so a bearer token is required: set %s", c.Admin.Listen, c.Admin.TokenEnv)
 	}
 	if c.TLS.Enabled() {
 		if c.TLS.CertFile == "" {
 			add("tls.cert_file: required when tls.key_file is set")
-		} else if _, err := os.Stat(c.TLS.CertFile); err != nil {
+		} else if _, err := os.Stat(c.TLS.CertFile); err != nil && !c.Remote {
 			add("tls.cert_file: %v", err)
 		}
 		if c.TLS.KeyFile == "" {
 			add("tls.key_file: required when tls.cert_file is set")
-		} else if _, err := os.Stat(c.TLS.KeyFile); err != nil {
+		} else if _, err := os.Stat(c.TLS.KeyFile); err != nil && !c.Remote {
 			add("tls.key_file: %v", err)
 		}
 	}
@@ -393,12 +413,12 @@ func (c *Config) Validate() error {
 		if od.MaxEjectionPercent < 0 || od.MaxEjectionPercent > 100 {
 			add("%s.outlier.max_ejection_percent: %d is not within 0..100", at, od.MaxEjectionPercent)
 		}
-		if cl.TLS.CAFile != "" {
+		if cl.TLS.CAFile != "" && !c.Remote {
 			if _, err := os.Stat(cl.TLS.CAFile); err != nil {
 				add("%s.tls.ca_file: %v", at, err)
 			}
 		}
-		if cl.APIKeyEnv != "" && cl.APIKey == "" {
+		if cl.APIKeyEnv != "" && cl.APIKey == "" && !c.Remote {
 			add("%s.api_key_env: environment variable %s is empty or unset", at, cl.APIKeyEnv)
 		}
 		if cl.MaxIdleConnsPerHost < 0 {
@@ -439,10 +459,10 @@ func (c *Config) Validate() error {
 		if t.KeysEnv == "" && t.KeysFile == "" {
 			add("%s: keys_env or keys_file is required", at)
 		}
-		if t.KeysEnv != "" && os.Getenv(t.KeysEnv) == "" {
+		if t.KeysEnv != "" && os.Getenv(t.KeysEnv) == "" && !c.Remote {
 			add("%s.keys_env: environment variable %s is empty or unset", at, t.KeysEnv)
 		}
-		if t.KeysFile != "" {
+		if t.KeysFile != "" && !c.Remote {
 			if _, err := os.Stat(t.KeysFile); err != nil {
 				add("%s.keys_file: %v", at, err)
 			}

@@ -58,6 +58,9 @@ type Config struct {
 	// no clusters and no routes yet (a replica starting before the first push answers 404
 	// no_route until routes arrive). Never set by the file loader.
 	Dynamic bool `yaml:"-" json:"dynamic,omitempty"`
+	// Remote marks a config a control plane serves to other hosts (LoadFileForReplicas):
+	// checks of this host's environment variables and files are each replica's to make.
+	Remote bool `yaml:"-" json:"-"`
 }
 
 // ListenerTLS holds the listener's certificate and key files.

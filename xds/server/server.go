@@ -128,7 +128,7 @@ func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 	if same {
 		return false, nil
 	}
-	c, err := config.LoadFile(s.opts.ConfigPath)
+	c, err := config.LoadFileForReplicas(s.opts.ConfigPath)
 	if err != nil {
 		return false, err
 	}

@@ -254,3 +254,41 @@ func TestNewRejectsInvalidFile(t *testing.T) {
 		t.Error("New without a file gave no error")
 	}
 }
+
+// TestServesReplicaOnlySettingsUnchecked: the control plane's host need not have the
+// replicas' secrets or files; their names travel and each replica checks them.
+func TestServesReplicaOnlySettingsUnchecked(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	writeFile(t, file, `admin: {listen: 0.0.0.0:9090}
+tenants: [{name: a, keys_env: SLUICE_TEST_UNSET_KEYS}, {name: b, keys_file: keys/b.keys}]
+clusters:
+  - name: llama
+    endpoints: [{url: "http://10.0.0.1:8000"}]
+    api_key_env: SLUICE_TEST_UNSET_KEY
+    tls: {ca_file: certs/ca.pem}
+routes: [{name: chat, cluster: llama}]
+`)
+	s, err := New(Options{ConfigPath: file})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if _, err := config.LoadFile(file); err == nil {
+		t.Fatal("the same file loads for a gateway on this host: the test checks nothing")
+	}
+	res, err := Resources(mustLoadRemote(t, file), DefaultRouteConfig)
+	if err != nil || len(res) == 0 || s.Version() == "" {
+		t.Fatalf("resources %v, %v", len(res), err)
+	}
+}
+
+func mustLoadRemote(t *testing.T, file string) *config.Config {
+	t.Helper()
+	c, err := config.LoadFileForReplicas(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tenants[1].KeysFile != "keys/b.keys" {
+		t.Errorf("keys_file %q: a relative path must stay relative for the replicas", c.Tenants[1].KeysFile)
+	}
+	return c
+}
