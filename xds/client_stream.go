@@ -233,6 +233,11 @@ func (s *session) waitingFor(cand *store, cfg *config.Config) []string {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.served == nil && !cand.seen[typePolicy] {
+		// The first config waits for the global policy too (tenants, time-outs): serving
+		// without it would, for instance, refuse every key of a route that requires one.
+		missing = append(missing, "ecds:"+PolicyName)
+	}
 	for k := range c.warmExpired {
 		if !slices.Contains(missing, k) {
 			delete(c.warmExpired, k) // arrived: wait for it again should it go missing

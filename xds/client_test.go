@@ -199,6 +199,7 @@ type resSet struct {
 	clas     []*endpointv3.ClusterLoadAssignment
 	routes   []*routev3.RouteConfiguration
 	policy   *corev3.TypedExtensionConfig
+	noPolicy bool // serve no ECDS resource at all
 }
 
 func (r resSet) snapshot(t *testing.T, version string) *cachev3.Snapshot {
@@ -212,6 +213,9 @@ func (r resSet) snapshot(t *testing.T, version string) *cachev3.Snapshot {
 	}
 	for _, c := range r.routes {
 		m[resource.RouteType] = append(m[resource.RouteType], c)
+	}
+	if r.policy == nil && !r.noPolicy {
+		r.policy = emptyPolicy(t) // as sluice xds always serves one
 	}
 	if r.policy != nil {
 		m[resource.ExtensionConfigType] = []types.Resource{r.policy}
@@ -939,6 +943,27 @@ func TestClientWarmTimeout(t *testing.T) {
 	}
 }
 
+// TestClientFirstConfigWaitsForThePolicy: the first config waits for the global policy (its
+// tenants and time-outs), at most WarmTimeout when the control plane serves none.
+func TestClientFirstConfigWaitsForThePolicy(t *testing.T) {
+	noLeaks(t)
+	m := startMgmt(t, "127.0.0.1:0", nil)
+	v1 := resSet{
+		clusters: []*clusterv3.Cluster{static("a", "127.0.0.1:9001")},
+		routes:   []*routev3.RouteConfiguration{routesTo("a", nil)},
+		noPolicy: true,
+	}
+	m.set(t, "node-1", v1.snapshot(t, "v1"))
+	h := runClient(t, m.addr, true, func(o *xds.ClientOptions) { o.WarmTimeout = 800 * time.Millisecond })
+	waitFor(t, 5*time.Second, "waiting for the policy", func() bool {
+		return slices.Contains(h.client.Status().Waiting, "ecds:"+xds.PolicyName)
+	})
+	if h.last() != nil {
+		t.Fatal("the first config was applied without the global policy")
+	}
+	waitFor(t, 5*time.Second, "the config after the warm time-out", func() bool { return h.last() != nil })
+}
+
 // writeTestCA writes a CA and a server certificate for 127.0.0.1 signed by it; it returns
 // the CA file and the server's certificate.
 func writeTestCA(t *testing.T, dir string) (string, tls.Certificate) {
@@ -1081,4 +1106,14 @@ admin: 127.0.0.1:9090
 			t.Errorf("problems %q lack %q", be.Problems, want)
 		}
 	}
+}
+
+// emptyPolicy is an ECDS sluice.policy with nothing set (the defaults).
+func emptyPolicy(t *testing.T) *corev3.TypedExtensionConfig {
+	t.Helper()
+	a, err := anypb.New(&xdstypev3.TypedStruct{TypeUrl: xds.GlobalPolicyTypeURL, Value: &structpb.Struct{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.TypedExtensionConfig{Name: xds.PolicyName, TypedConfig: a}
 }

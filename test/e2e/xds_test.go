@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,6 +133,9 @@ func (cp *controlPlane) ackCount() int {
 func (cp *controlPlane) push(t *testing.T, version string, res []types.Resource, nodes ...string) {
 	t.Helper()
 	m := map[resource.Type][]types.Resource{}
+	if !slices.ContainsFunc(res, func(r types.Resource) bool { _, ok := r.(*corev3.TypedExtensionConfig); return ok }) {
+		res = append(res, emptyPolicy(t)) // as sluice xds always serves one
+	}
 	for _, r := range res {
 		var typ resource.Type
 		switch r.(type) {
@@ -699,4 +703,14 @@ routes:
 			t.Errorf("replica %d /admin/xds: %s", i, body)
 		}
 	}
+}
+
+// emptyPolicy is an ECDS sluice.policy with nothing set (the defaults).
+func emptyPolicy(t *testing.T) *corev3.TypedExtensionConfig {
+	t.Helper()
+	a, err := anypb.New(&xdstypev3.TypedStruct{TypeUrl: xds.GlobalPolicyTypeURL, Value: &structpb.Struct{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.TypedExtensionConfig{Name: xds.PolicyName, TypedConfig: a}
 }
