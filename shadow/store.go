@@ -157,6 +157,37 @@ func (s *Store) SessionHash(session string) string {
 	return hex.EncodeToString(m.Sum(nil)[:8])
 }
 
+// OpenStoreReadOnly opens an existing store file for reading only (reports and exports
+// from the command line, while a gateway may be writing it): nothing is created or
+// migrated, and a store of another schema version is refused with what to do.
+func OpenStoreReadOnly(ctx context.Context, path string) (*Store, error) {
+	esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+	db, err := sql.Open("sqlite", "file:"+esc+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		return nil, fmt.Errorf("shadow store %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(2)
+	var v int
+	if err := db.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: not a Sluice shadow store (%v)", path, err)
+	}
+	switch {
+	case v > SchemaVersion:
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: schema version %d is newer than this binary's %d: use a newer sluice", path, v, SchemaVersion)
+	case v < SchemaVersion:
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: schema version %d is older than this binary's %d: start the gateway (it migrates the store) or use the sluice that wrote it", path, v, SchemaVersion)
+	}
+	s := &Store{db: db, path: path}
+	if err := db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'session_key'`).Scan(&s.sessionKey); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: session key: %w", path, err)
+	}
+	return s, nil
+}
+
 func describePath(p string) string {
 	if p == "" || p == ":memory:" {
 		return "(in memory)"

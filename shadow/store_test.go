@@ -419,3 +419,33 @@ func TestStoreSessionHash(t *testing.T) {
 		t.Error("two stores share a key")
 	}
 }
+
+func TestStoreReadOnly(t *testing.T) {
+	ctx := context.Background()
+	file := t.TempDir() + "/s.db"
+	w, err := OpenStore(ctx, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.AddPair(ctx, testPair("chat", 1, time.Now(), false)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := OpenStoreReadOnly(ctx, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if ps, err := r.Pairs(ctx, "chat", 10); err != nil || len(ps) != 1 {
+		t.Fatalf("read %d pairs, %v", len(ps), err)
+	}
+	if r.SessionHash("s") != w.SessionHash("s") {
+		t.Error("read-only store hashes sessions differently")
+	}
+	if err := r.AddPair(ctx, testPair("chat", 2, time.Now(), false)); err == nil {
+		t.Error("a read-only store accepted a write")
+	}
+	if _, err := OpenStoreReadOnly(ctx, t.TempDir()+"/missing.db"); err == nil {
+		t.Error("a missing file opened")
+	}
+}

@@ -281,7 +281,8 @@ func openExistingStore(ctx context.Context, path string) (*shadow.Store, error) 
 	if st.IsDir() {
 		return nil, fmt.Errorf("--store %s is a directory; give the SQLite file", path)
 	}
-	return shadow.OpenStore(ctx, path)
+	// Read only: the gateway may be writing it, and a report must not migrate or create.
+	return shadow.OpenStoreReadOnly(ctx, path)
 }
 
 // adminCall sends one request to the admin API and returns the body of a 200 answer;
