@@ -248,6 +248,9 @@ func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *ht
 	if m == nil || (preq.Kind != openai.KindChat && preq.Kind != openai.KindCompletion) || preq.Body == nil {
 		return nil
 	}
+	if len(plan) > 0 && plan[0].Cluster == m.Cluster {
+		return nil // the candidate serves this one itself (its split): nothing to compare it with
+	}
 	key := preq.Session
 	if key == "" {
 		key = preq.Tenant

@@ -270,3 +270,37 @@ func TestMirrorWholeSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowProgression: on a file-configured route, promote steps the candidate's split
+// weight up to the maximum, and live traffic follows it.
+func TestShadowProgression(t *testing.T) {
+	base := sim.Config{TTFT: 50 * time.Millisecond, ITL: 2 * time.Millisecond, Seed: 1}
+	p := startSim(t, base)
+	c := startSim(t, base)
+	cfg := shadowConfig(p.URL, c.URL, "{cluster: cand, fraction: 1, progression: {step: 10, interval: 100ms, max: 30}}", "")
+	cfg = strings.Replace(cfg, "    cluster: main\n", "    splits: [{cluster: main, weight: 100}, {cluster: cand, weight: 0}]\n", 1)
+	g := startGateway(t, cfg)
+	hc := newHTTPClient(t)
+	drive(t, hc, g, 40, 1, plainChat)
+	verdictIs(t, hc, g, "promote")
+	eventually(t, 10*time.Second, "the candidate's weight at its maximum", func() bool {
+		_, body := do(t, hc, http.MethodGet, "http://"+g.admin+"/admin/shadow.json", "")
+		var rep shadow.Report
+		return json.Unmarshal(body, &rep) == nil && len(rep.Routes) == 1 && strings.Contains(rep.Routes[0].Action, "weight cand 20→30")
+	})
+	toCand := 0
+	for i := range 40 {
+		resp, body := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/chat/completions",
+			fmt.Sprintf(`{"model":"sim-llama","max_tokens":2,"messages":[{"role":"user","content":"%d"}]}`, i), "X-Session-Id", fmt.Sprintf("p-%d", i))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		if resp.Header.Get("X-Sluice-Upstream") == "cand" {
+			toCand++
+		}
+	}
+	// Weight 30 of 130: about 9 of 40; far from 0 and from 40.
+	if toCand < 2 || toCand > 25 {
+		t.Errorf("%d of 40 requests went to the candidate at weight 30/130", toCand)
+	}
+}
