@@ -47,7 +47,6 @@ type mirrorRoute struct {
 
 	acc     *shadow.Accumulator
 	schemas *shadow.SchemaCache
-	since   time.Time
 	retired atomic.Bool // replaced by a new candidate or removed: its pairs are not kept
 
 	// Counters since the route started mirroring (they survive a new queue).
@@ -176,7 +175,7 @@ func (sh *shadowing) sync(c *config.Config) {
 		if mr == nil {
 			sh.openStore(c)
 			mr = &mirrorRoute{name: r.Name, identity: identity, acc: shadow.NewAccumulator(c.Shadow.Window),
-				schemas: shadow.NewSchemaCache(shadow.DefaultSchemaCacheSize), since: time.Now()}
+				schemas: shadow.NewSchemaCache(shadow.DefaultSchemaCacheSize)}
 			sh.restore(mr, c.Shadow.Window)
 		}
 		next[r.Name] = mr

@@ -154,23 +154,21 @@ func (m *mgmtServer) stop() {
 func (m *mgmtServer) requests(match func(seenRequest) bool) []seenRequest {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []seenRequest
-	for _, r := range m.reqs {
-		if match(r) {
-			out = append(out, r)
-		}
-	}
-	return out
+	return filter(m.reqs, match)
 }
 
 // responses returns the delta responses sent so far that match.
 func (m *mgmtServer) responses(match func(seenResponse) bool) []seenResponse {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []seenResponse
-	for _, r := range m.resps {
-		if match(r) {
-			out = append(out, r)
+	return filter(m.resps, match)
+}
+
+func filter[T any](xs []T, match func(T) bool) []T {
+	var out []T
+	for _, x := range xs {
+		if match(x) {
+			out = append(out, x)
 		}
 	}
 	return out
