@@ -195,8 +195,8 @@ func demoConfigFor(addrs map[string]string) (*config.Config, error) {
 	return cfg, nil
 }
 
-// demoShadow mirrors the llama route to a deliberately worse candidate (first token twice as
-// slow, 5% of requests failing), runs the workload again and prints the shadow report.
+// demoShadow mirrors the llama route to a deliberately worse candidate (prefill twice as slow,
+// 5% of requests failing), runs the workload again and prints the shadow report.
 func demoShadow(ctx context.Context, w io.Writer, srv *proxy.Server, addrs map[string]string, requests, turns, concurrency, maxTokens int, slo load.SLO) error {
 	cand, err := startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 80 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
 		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, ErrorRate5xx: 0.05, Seed: 4})
@@ -218,7 +218,7 @@ func demoShadow(ctx context.Context, w io.Writer, srv *proxy.Server, addrs map[s
 	}
 	turns = min(turns, requests)
 	sessions := (requests + turns - 1) / turns
-	fmt.Fprintf(w, "\nshadow phase: config applied live; chat-llama mirrors every session to llama-candidate (first token\n")
+	fmt.Fprintf(w, "\nshadow phase: config applied live; chat-llama mirrors every session to llama-candidate (prefill\n")
 	fmt.Fprintf(w, "  twice as slow, 5%% of requests fail), a quarter of the copies also to llama-primary again; %d sessions × %d turns\n\n", sessions, turns)
 	sp, err := load.ParseSessions(fmt.Sprintf("n=%d,turns=%d,in=uniform:40:120,out=fixed:%d,think=gamma:2:10ms", sessions, turns, maxTokens))
 	if err != nil {
