@@ -2,8 +2,6 @@ package batch
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"math"
 	"time"
 
@@ -56,44 +54,23 @@ type Params struct {
 
 // WithDefaults returns p with the defaults applied to zero fields.
 func (p Params) WithDefaults() Params {
-	if p.MinWindow == 0 {
-		p.MinWindow = DefaultMinWindow
-	}
-	if p.MaxWindow == 0 {
-		p.MaxWindow = max(DefaultMaxWindow, p.MinWindow)
-	}
-	if p.InitialWindow == 0 {
-		p.InitialWindow = p.MinWindow
-	}
-	if p.TargetLatency == 0 {
-		p.TargetLatency = DefaultTargetLatency
-	}
-	if p.Increase == 0 {
-		p.Increase = DefaultIncrease
-	}
-	if p.Decrease == 0 {
-		p.Decrease = DefaultDecrease
-	}
-	if p.MaxItems == 0 {
-		p.MaxItems = DefaultMaxItems
-	}
-	if p.MaxTokens == 0 {
-		p.MaxTokens = DefaultMaxTokens
-	}
-	if p.BackendMaxInputs == 0 {
-		p.BackendMaxInputs = DefaultBackendMaxInputs
-	}
-	if p.MaxInFlight == 0 {
-		p.MaxInFlight = DefaultMaxInFlight
-	}
+	policy.Default(&p.MinWindow, DefaultMinWindow)
+	policy.Default(&p.MaxWindow, max(DefaultMaxWindow, p.MinWindow))
+	policy.Default(&p.InitialWindow, p.MinWindow)
+	policy.Default(&p.TargetLatency, DefaultTargetLatency)
+	policy.Default(&p.Increase, DefaultIncrease)
+	policy.Default(&p.Decrease, DefaultDecrease)
+	policy.Default(&p.MaxItems, DefaultMaxItems)
+	policy.Default(&p.MaxTokens, DefaultMaxTokens)
+	policy.Default(&p.BackendMaxInputs, DefaultBackendMaxInputs)
+	policy.Default(&p.MaxInFlight, DefaultMaxInFlight)
 	return p
 }
 
 // Validate reports every problem of p (defaults applied first) at once, or nil.
 func (p Params) Validate() error {
 	p = p.WithDefaults()
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	var c policy.Check
 	for _, d := range []struct {
 		name string
 		v    policy.Duration
@@ -102,30 +79,30 @@ func (p Params) Validate() error {
 		{"target_latency", p.TargetLatency}, {"increase", p.Increase},
 	} {
 		if d.v < 0 {
-			bad("%s: must be > 0, got %v", d.name, d.v.D())
+			c.Add("%s: must be > 0, got %v", d.name, d.v.D())
 		}
 	}
 	if p.MaxWindow > policy.Duration(time.Second) {
-		bad("max_window: at most 1s (a batching window is a few milliseconds), got %v", p.MaxWindow.D())
+		c.Add("max_window: at most 1s (a batching window is a few milliseconds), got %v", p.MaxWindow.D())
 	}
 	if p.MinWindow > p.MaxWindow {
-		bad("min_window (%v): must be <= max_window (%v)", p.MinWindow.D(), p.MaxWindow.D())
+		c.Add("min_window (%v): must be <= max_window (%v)", p.MinWindow.D(), p.MaxWindow.D())
 	}
 	if p.InitialWindow < p.MinWindow || p.InitialWindow > p.MaxWindow {
-		bad("initial_window (%v): must be within [min_window, max_window] = [%v, %v]", p.InitialWindow.D(), p.MinWindow.D(), p.MaxWindow.D())
+		c.Add("initial_window (%v): must be within [min_window, max_window] = [%v, %v]", p.InitialWindow.D(), p.MinWindow.D(), p.MaxWindow.D())
 	}
 	if math.IsNaN(p.Decrease) || p.Decrease <= 0 || p.Decrease >= 1 {
-		bad("decrease: must be within (0, 1), got %v", p.Decrease)
+		c.Add("decrease: must be within (0, 1), got %v", p.Decrease)
 	}
 	for _, n := range []struct {
 		name string
 		v    int
 	}{{"max_items", p.MaxItems}, {"max_tokens", p.MaxTokens}, {"backend_max_inputs", p.BackendMaxInputs}, {"max_in_flight", p.MaxInFlight}} {
 		if n.v < 0 {
-			bad("%s: must be > 0, got %d", n.name, n.v)
+			c.Add("%s: must be > 0, got %d", n.name, n.v)
 		}
 	}
-	return errors.Join(errs...)
+	return c.Err()
 }
 
 // FromSpec builds a Batcher from the params of a {type: batch} policy spec (strict: unknown

@@ -1,8 +1,6 @@
 package concurrency
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
@@ -95,60 +93,49 @@ func (p Params) WithDefaults() Params {
 // Validate checks the params as given (zero fields mean their defaults) and returns every
 // problem, joined.
 func (p Params) Validate() error {
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	nonNeg := func(name string, v int) {
-		if v < 0 {
-			bad("%s must not be negative, got %d", name, v)
-		}
-	}
-	nonNegD := func(name string, v policy.Duration) {
-		if v < 0 {
-			bad("%s must not be negative, got %s", name, v.D())
-		}
-	}
-	nonNeg("min_limit", p.MinLimit)
-	nonNeg("max_limit", p.MaxLimit)
-	nonNeg("max", p.Max)
+	var c policy.Check
+	c.NonNegative("min_limit", p.MinLimit)
+	c.NonNegative("max_limit", p.MaxLimit)
+	c.NonNegative("max", p.Max)
 	if p.Max != 0 && p.MaxLimit != 0 && p.Max != p.MaxLimit {
-		bad("set max_limit or its alias max, not both (%d and %d)", p.MaxLimit, p.Max)
+		c.Add("set max_limit or its alias max, not both (%d and %d)", p.MaxLimit, p.Max)
 	}
-	nonNeg("initial_limit", p.InitialLimit)
+	c.NonNegative("initial_limit", p.InitialLimit)
 	if q := p.WithDefaults(); p.MinLimit >= 0 && p.MaxLimit >= 0 && p.Max >= 0 && q.MinLimit > q.MaxLimit {
-		bad("min_limit (%d) must not exceed max_limit (%d)", q.MinLimit, q.MaxLimit)
+		c.Add("min_limit (%d) must not exceed max_limit (%d)", q.MinLimit, q.MaxLimit)
 	}
-	nonNegD("sample_window", p.SampleWindow)
-	nonNeg("min_samples", p.MinSamples)
+	c.NonNegativeDuration("sample_window", p.SampleWindow)
+	c.NonNegative("min_samples", p.MinSamples)
 	if p.Percentile < 0 || p.Percentile > 1 {
-		bad("percentile must be in (0, 1], got %g", p.Percentile)
+		c.Add("percentile must be in (0, 1], got %g", p.Percentile)
 	}
-	nonNegD("min_rtt", p.MinRTT)
+	c.NonNegativeDuration("min_rtt", p.MinRTT)
 	if q := p.WithDefaults(); p.MinRTT >= 0 && p.SampleWindow >= 0 && q.MinRTT < q.SampleWindow {
-		bad("min_rtt (%s) must be at least sample_window (%s)", q.MinRTT.D(), q.SampleWindow.D())
+		c.Add("min_rtt (%s) must be at least sample_window (%s)", q.MinRTT.D(), q.SampleWindow.D())
 	}
 	if p.Tolerance < 0 || p.Tolerance > 10 {
-		bad("tolerance must be in [0, 10], got %g", p.Tolerance)
+		c.Add("tolerance must be in [0, 10], got %g", p.Tolerance)
 	}
-	nonNegD("target_ttft", p.TargetTTFT)
-	nonNegD("target_tpot", p.TargetTPOT)
+	c.NonNegativeDuration("target_ttft", p.TargetTTFT)
+	c.NonNegativeDuration("target_tpot", p.TargetTPOT)
 	if p.MinGradient < 0 || p.MinGradient >= 1 {
-		bad("min_gradient must be in (0, 1), got %g", p.MinGradient)
+		c.Add("min_gradient must be in (0, 1), got %g", p.MinGradient)
 	}
 	if p.MaxGradient < 0 || (p.MaxGradient > 0 && (p.MaxGradient < 1 || p.MaxGradient > 2)) {
-		bad("max_gradient must be in [1, 2], got %g", p.MaxGradient)
+		c.Add("max_gradient must be in [1, 2], got %g", p.MaxGradient)
 	}
 	if p.Smoothing < 0 || p.Smoothing > 1 {
-		bad("smoothing must be in (0, 1], got %g", p.Smoothing)
+		c.Add("smoothing must be in (0, 1], got %g", p.Smoothing)
 	}
 	if p.Headroom < 0 {
-		bad("headroom must not be negative, got %g", p.Headroom)
+		c.Add("headroom must not be negative, got %g", p.Headroom)
 	}
 	if p.KVHigh < 0 || p.KVHigh > 1 {
-		bad("kv_high must be in (0, 1], got %g", p.KVHigh)
+		c.Add("kv_high must be in (0, 1], got %g", p.KVHigh)
 	}
 	if p.MaxQueue < -1 {
-		bad("max_queue must be -1 (no queue) or more, got %d", p.MaxQueue)
+		c.Add("max_queue must be -1 (no queue) or more, got %d", p.MaxQueue)
 	}
-	nonNegD("max_wait", p.MaxWait)
-	return errors.Join(errs...)
+	c.NonNegativeDuration("max_wait", p.MaxWait)
+	return c.Err()
 }

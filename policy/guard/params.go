@@ -1,8 +1,6 @@
 package guard
 
 import (
-	"errors"
-	"fmt"
 	"slices"
 	"sort"
 	"time"
@@ -160,98 +158,87 @@ func (p Params) WithDefaults() Params {
 // Validate checks the params as given (zero fields mean their defaults) and returns every
 // problem, joined.
 func (p Params) Validate() error {
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	nonNeg := func(name string, v int) {
-		if v < 0 {
-			bad("%s must not be negative, got %d", name, v)
-		}
-	}
-	nonNegD := func(name string, v policy.Duration) {
-		if v < 0 {
-			bad("%s must not be negative, got %s", name, v.D())
-		}
-	}
-	nonNeg("max_prompt_tokens", p.MaxPromptTokens)
-	nonNeg("context_window", p.ContextWindow)
+	var c policy.Check
+	c.NonNegative("max_prompt_tokens", p.MaxPromptTokens)
+	c.NonNegative("context_window", p.ContextWindow)
 	for _, g := range sortedKeys(p.ContextWindows) {
 		if g == "" {
-			bad("context_windows: empty model pattern")
+			c.Add("context_windows: empty model pattern")
 		}
 		if v := p.ContextWindows[g]; v < 0 {
-			bad("context_windows[%q] must not be negative, got %d", g, v)
+			c.Add("context_windows[%q] must not be negative, got %d", g, v)
 		}
 	}
-	nonNeg("max_depth", p.MaxDepth)
-	nonNeg("max_messages", p.MaxMessages)
+	c.NonNegative("max_depth", p.MaxDepth)
+	c.NonNegative("max_messages", p.MaxMessages)
 	if p.MaxRepetition < 0 || p.MaxRepetition > 1 {
-		bad("max_repetition must be in [0, 1], got %g", p.MaxRepetition)
+		c.Add("max_repetition must be in [0, 1], got %g", p.MaxRepetition)
 	}
 	if p.RepetitionNgram < 0 || p.RepetitionNgram > 64 {
-		bad("repetition_ngram must be in [1, 64], got %d", p.RepetitionNgram)
+		c.Add("repetition_ngram must be in [1, 64], got %d", p.RepetitionNgram)
 	}
-	nonNeg("repetition_min_words", p.RepetitionMinWords)
+	c.NonNegative("repetition_min_words", p.RepetitionMinWords)
 	if p.RepetitionSampleBytes < 0 || (p.RepetitionSampleBytes > 0 && p.RepetitionSampleBytes < 1024) {
-		bad("repetition_sample_bytes must be at least 1024, got %d", p.RepetitionSampleBytes)
+		c.Add("repetition_sample_bytes must be at least 1024, got %d", p.RepetitionSampleBytes)
 	}
 	if p.SurgeFactor < 0 || (p.SurgeFactor > 0 && p.SurgeFactor < 1) {
-		bad("surge_factor must be at least 1, got %g", p.SurgeFactor)
+		c.Add("surge_factor must be at least 1, got %g", p.SurgeFactor)
 	}
-	nonNegD("surge_window", p.SurgeWindow)
-	nonNeg("surge_buckets", p.SurgeBuckets)
-	nonNeg("surge_min_requests", p.SurgeMinRequests)
+	c.NonNegativeDuration("surge_window", p.SurgeWindow)
+	c.NonNegative("surge_buckets", p.SurgeBuckets)
+	c.NonNegative("surge_min_requests", p.SurgeMinRequests)
 	if q := p.WithDefaults(); q.SurgeWindow > 0 && q.SurgeBuckets > 0 && q.SurgeWindow.D()/time.Duration(q.SurgeBuckets) < time.Millisecond {
-		bad("surge_window / surge_buckets must be at least 1ms, got %s / %d", q.SurgeWindow.D(), q.SurgeBuckets)
+		c.Add("surge_window / surge_buckets must be at least 1ms, got %s / %d", q.SurgeWindow.D(), q.SurgeBuckets)
 	}
 	if p.ExactMargin < 0 || p.ExactMargin > 0.9 {
-		bad("exact_margin must be in [0, 0.9], got %g", p.ExactMargin)
+		c.Add("exact_margin must be in [0, 0.9], got %g", p.ExactMargin)
 	}
-	nonNeg("exact_concurrency", p.ExactConcurrency)
+	c.NonNegative("exact_concurrency", p.ExactConcurrency)
 	for _, g := range sortedKeys(p.Encodings) {
 		if g == "" {
-			bad("encodings: empty model pattern")
+			c.Add("encodings: empty model pattern")
 		}
 		if e := p.Encodings[g]; !knownEncodings[e] {
-			bad("encodings[%q]: unknown encoding %q (known: cl100k_base, o200k_base, p50k_base, p50k_edit, r50k_base)", g, e)
+			c.Add("encodings[%q]: unknown encoding %q (known: cl100k_base, o200k_base, p50k_base, p50k_edit, r50k_base)", g, e)
 		}
 	}
 	for _, s := range p.Disable {
 		if !slices.Contains(signals, s) {
-			bad("disable: unknown signal %q (known: %v)", s, signals)
+			c.Add("disable: unknown signal %q (known: %v)", s, signals)
 		}
 	}
 	b := p.Breaker
-	nonNegD("breaker.window", b.Window)
-	nonNeg("breaker.buckets", b.Buckets)
-	nonNegD("breaker.bucket_period", b.BucketPeriod)
+	c.NonNegativeDuration("breaker.window", b.Window)
+	c.NonNegative("breaker.buckets", b.Buckets)
+	c.NonNegativeDuration("breaker.bucket_period", b.BucketPeriod)
 	if b.Buckets > 0 && b.BucketPeriod > 0 {
-		bad("breaker: set buckets or bucket_period, not both")
+		c.Add("breaker: set buckets or bucket_period, not both")
 	}
 	if q := p.WithDefaults().Breaker; b.BucketPeriod > 0 && q.BucketPeriod > q.Window {
-		bad("breaker.bucket_period (%s) must not exceed breaker.window (%s)", q.BucketPeriod.D(), q.Window.D())
+		c.Add("breaker.bucket_period (%s) must not exceed breaker.window (%s)", q.BucketPeriod.D(), q.Window.D())
 	}
-	nonNeg("breaker.min_requests", b.MinRequests)
+	c.NonNegative("breaker.min_requests", b.MinRequests)
 	if b.FailureRatio < 0 || b.FailureRatio > 1 {
-		bad("breaker.failure_ratio must be in (0, 1], got %g", b.FailureRatio)
+		c.Add("breaker.failure_ratio must be in (0, 1], got %g", b.FailureRatio)
 	}
-	nonNegD("breaker.open_for", b.OpenFor)
+	c.NonNegativeDuration("breaker.open_for", b.OpenFor)
 	if b.HalfOpenProbes < 0 || b.HalfOpenProbes > 1<<16 {
-		bad("breaker.half_open_probes must be in [1, 65536], got %d", b.HalfOpenProbes)
+		c.Add("breaker.half_open_probes must be in [1, 65536], got %d", b.HalfOpenProbes)
 	}
-	nonNeg("breaker.max_breakers", b.MaxBreakers)
+	c.NonNegative("breaker.max_breakers", b.MaxBreakers)
 	d := p.Degrade
-	nonNeg("degrade.trips_per_minute", d.TripsPerMinute)
-	nonNeg("degrade.level1_max_tokens", d.Level1MaxTokens)
+	c.NonNegative("degrade.trips_per_minute", d.TripsPerMinute)
+	c.NonNegative("degrade.level1_max_tokens", d.Level1MaxTokens)
 	if d.Level1SurgeFactor < 0 || (d.Level1SurgeFactor > 0 && d.Level1SurgeFactor < 1) {
-		bad("degrade.level1_surge_factor must be at least 1, got %g", d.Level1SurgeFactor)
+		c.Add("degrade.level1_surge_factor must be at least 1, got %g", d.Level1SurgeFactor)
 	}
-	nonNeg("degrade.saturation_inflight", d.SaturationInflight)
-	nonNegD("degrade.cool_down", d.CoolDown)
+	c.NonNegative("degrade.saturation_inflight", d.SaturationInflight)
+	c.NonNegativeDuration("degrade.cool_down", d.CoolDown)
 	if d.TripsPerMinute == 0 && d.SaturationInflight == 0 &&
 		(d.Level1MaxTokens != 0 || d.LongContextCluster != "") {
-		bad("degrade: set trips_per_minute and/or saturation_inflight, or level1_max_tokens and long_context_cluster never apply")
+		c.Add("degrade: set trips_per_minute and/or saturation_inflight, or level1_max_tokens and long_context_cluster never apply")
 	}
-	return errors.Join(errs...)
+	return c.Err()
 }
 
 func (p Params) disabled(s string) bool { return slices.Contains(p.Disable, s) }

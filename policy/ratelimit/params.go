@@ -112,32 +112,16 @@ type GlobalEntry struct {
 
 // WithDefaults returns p with zero values replaced by the defaults.
 func (p Params) WithDefaults() Params {
-	if p.Per == "" {
-		p.Per = DefaultPer
-	}
-	if p.Burst == 0 {
-		p.Burst = DefaultBurst
-	}
-	if p.DefaultMaxTokens == 0 {
-		p.DefaultMaxTokens = DefaultDefaultMaxTokens
-	}
-	if p.MaxTokensCap == 0 {
-		p.MaxTokensCap = DefaultMaxTokensCap
-	}
-	if p.MaxKeys == 0 {
-		p.MaxKeys = DefaultMaxKeys
-	}
+	policy.Default(&p.Per, DefaultPer)
+	policy.Default(&p.Burst, DefaultBurst)
+	policy.Default(&p.DefaultMaxTokens, DefaultDefaultMaxTokens)
+	policy.Default(&p.MaxTokensCap, DefaultMaxTokensCap)
+	policy.Default(&p.MaxKeys, DefaultMaxKeys)
 	if p.Global != nil {
 		g := *p.Global
-		if g.Domain == "" {
-			g.Domain = DefaultGlobalDomain
-		}
-		if g.Timeout == 0 {
-			g.Timeout = policy.Duration(DefaultGlobalTimeout)
-		}
-		if g.Hits == "" {
-			g.Hits = HitsRequests
-		}
+		policy.Default(&g.Domain, DefaultGlobalDomain)
+		policy.Default(&g.Timeout, policy.Duration(DefaultGlobalTimeout))
+		policy.Default(&g.Hits, HitsRequests)
 		if len(g.Descriptors) == 0 {
 			g.Descriptors = [][]GlobalEntry{{{Key: "tenant", From: FromTenant}}}
 		}
@@ -148,37 +132,36 @@ func (p Params) WithDefaults() Params {
 
 // Validate checks p (after defaults) and returns every problem, joined, or nil.
 func (p Params) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	var c policy.Check
 
 	if p.RequestsPerMinute < 0 {
-		bad("requests_per_minute: %v must be >= 0", p.RequestsPerMinute)
+		c.Add("requests_per_minute: %v must be >= 0", p.RequestsPerMinute)
 	}
 	if p.TokensPerMinute < 0 {
-		bad("tokens_per_minute: %v must be >= 0", p.TokensPerMinute)
+		c.Add("tokens_per_minute: %v must be >= 0", p.TokensPerMinute)
 	}
 	switch p.Per {
 	case "", PerTenant, PerRoute, PerGlobal:
 	default:
-		bad("per: %q must be one of tenant, route, global", p.Per)
+		c.Add("per: %q must be one of tenant, route, global", p.Per)
 	}
 	if p.Burst < 0 {
-		bad("burst: %v must be > 0 (a multiple of the per-minute limit)", p.Burst)
+		c.Add("burst: %v must be > 0 (a multiple of the per-minute limit)", p.Burst)
 	}
 	if p.DefaultMaxTokens < 0 {
-		bad("default_max_tokens: %d must be >= 0", p.DefaultMaxTokens)
+		c.Add("default_max_tokens: %d must be >= 0", p.DefaultMaxTokens)
 	}
 	if p.MaxTokensCap < -1 {
-		bad("max_tokens_cap: %d must be > 0, or -1 for no cap", p.MaxTokensCap)
+		c.Add("max_tokens_cap: %d must be > 0, or -1 for no cap", p.MaxTokensCap)
 	}
 	if p.MaxWait < 0 {
-		bad("max_wait: %v must be >= 0", p.MaxWait.D())
+		c.Add("max_wait: %v must be >= 0", p.MaxWait.D())
 	}
 	if p.MaxKeys < 0 {
-		bad("max_keys: %d must be > 0", p.MaxKeys)
+		c.Add("max_keys: %d must be > 0", p.MaxKeys)
 	}
 	if len(p.Overrides) > 0 && p.Per != "" && p.Per != PerTenant {
-		bad("overrides: only with per: tenant (per is %q)", p.Per)
+		c.Add("overrides: only with per: tenant (per is %q)", p.Per)
 	}
 	names := make([]string, 0, len(p.Overrides))
 	for name := range p.Overrides {
@@ -188,59 +171,55 @@ func (p Params) Validate() error {
 	for _, name := range names {
 		o := p.Overrides[name]
 		if name == "" {
-			bad("overrides: empty tenant name")
+			c.Add("overrides: empty tenant name")
 		}
 		if o.RequestsPerMinute < 0 {
-			bad("overrides.%s.requests_per_minute: %v must be >= 0", name, o.RequestsPerMinute)
+			c.Add("overrides.%s.requests_per_minute: %v must be >= 0", name, o.RequestsPerMinute)
 		}
 		if o.TokensPerMinute < 0 {
-			bad("overrides.%s.tokens_per_minute: %v must be >= 0", name, o.TokensPerMinute)
+			c.Add("overrides.%s.tokens_per_minute: %v must be >= 0", name, o.TokensPerMinute)
 		}
 	}
 	if g := p.Global; g != nil {
 		if g.Address == "" {
-			bad("global.address: required")
+			c.Add("global.address: required")
 		}
 		if g.Timeout < 0 {
-			bad("global.timeout: %v must be > 0", g.Timeout.D())
+			c.Add("global.timeout: %v must be > 0", g.Timeout.D())
 		}
 		switch g.Hits {
 		case "", HitsRequests, HitsTokens:
 		default:
-			bad("global.hits: %q must be requests or tokens", g.Hits)
+			c.Add("global.hits: %q must be requests or tokens", g.Hits)
 		}
 		for i, d := range g.Descriptors {
 			if len(d) == 0 {
-				bad("global.descriptors[%d]: no entries", i)
+				c.Add("global.descriptors[%d]: no entries", i)
 			}
 			for j, e := range d {
 				at := fmt.Sprintf("global.descriptors[%d][%d]", i, j)
 				if e.Key == "" {
-					bad("%s.key: required", at)
+					c.Add("%s.key: required", at)
 				}
 				switch {
 				case e.From == "" && e.Value == "":
-					bad("%s: set value or from", at)
+					c.Add("%s: set value or from", at)
 				case e.From != "" && e.Value != "":
-					bad("%s: set value or from, not both", at)
+					c.Add("%s: set value or from, not both", at)
 				}
 				switch e.From {
 				case "", FromTenant, FromRoute, FromModel:
 				default:
-					bad("%s.from: %q must be tenant, route or model", at, e.From)
+					c.Add("%s.from: %q must be tenant, route or model", at, e.From)
 				}
 			}
 		}
 	}
 	if p.RequestsPerMinute == 0 && p.TokensPerMinute == 0 && p.Global == nil && !p.RequireAuth && len(p.Overrides) == 0 {
-		bad("nothing to enforce: set requests_per_minute, tokens_per_minute, overrides, global or require_auth")
+		c.Add("nothing to enforce: set requests_per_minute, tokens_per_minute, overrides, global or require_auth")
 	}
-	if len(errs) == 0 {
-		return nil
+	if err := c.Err(); err != nil {
+		return errors.New("ratelimit: " + strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = e.Error()
-	}
-	return errors.New("ratelimit: " + strings.Join(msgs, "; "))
+	return nil
 }
