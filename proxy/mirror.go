@@ -286,19 +286,6 @@ func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *ht
 	return j
 }
 
-// credentialLike reports whether a header or query parameter name looks like it carries a
-// credential (API keys, tokens, passwords, signatures, cookies): such names never reach the
-// sandbox, whatever the vendor calls them.
-func credentialLike(name string) bool {
-	n := strings.ToLower(name)
-	for _, w := range []string{"auth", "key", "token", "secret", "password", "passwd", "cookie", "signature", "credential", "session-token"} {
-		if strings.Contains(n, w) {
-			return true
-		}
-	}
-	return n == "sig" || n == "code"
-}
-
 // mirrorHeader is the copy's headers: the client's without hop-by-hop headers, anything
 // credential-like (Authorization, cookies, every *-Key and *-Token header, the admin token),
 // the chaos header and the configured strip list, plus the configured set list.
@@ -306,7 +293,7 @@ func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 	h := make(http.Header, len(src))
 	copyHeaders(h, src)
 	for k := range h {
-		if credentialLike(k) {
+		if config.CredentialLike(k) {
 			delete(h, k)
 		}
 	}
@@ -333,7 +320,7 @@ func mirrorQuery(raw string) string {
 		return "" // not forwarded rather than forwarded unfiltered
 	}
 	for k := range v {
-		if credentialLike(k) {
+		if config.CredentialLike(k) {
 			v.Del(k)
 		}
 	}

@@ -308,3 +308,48 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+func TestValidateMirror(t *testing.T) {
+	for _, tc := range []struct {
+		name, mirror, splits string
+		want                 []string
+	}{
+		{"valid", `{cluster: cand, fraction: 0.2, set_headers: {x-env: shadow}}`, "", nil},
+		{"bounds", `{cluster: cand, fraction: 0, replica_fraction: 2, max_concurrency: 2000, capture_bytes: 10}`, "", []string{
+			"mirror.fraction: 0 is not within (0, 1]", "mirror.replica_fraction: 2 is not within [0, 1]",
+			"mirror.max_concurrency: 2000 is not within 1..1024", "mirror.capture_bytes: 10 is too small"}},
+		{"unknown and own cluster", `{cluster: nope, fraction: 1}`, "", []string{`mirror.cluster: unknown cluster "nope"`}},
+		{"own cluster", `{cluster: main, fraction: 1}`, "", []string{`mirror.cluster: "main" is the route's own cluster`}},
+		{"credentials in set_headers", `{cluster: cand, fraction: 1, set_headers: {X-Goog-Api-Key: k, Authorization: b}}`, "", []string{
+			"set_headers.X-Goog-Api-Key: credentials for the sandbox come from its cluster's api_key",
+			"set_headers.Authorization: credentials for the sandbox come from its cluster's api_key"}},
+		{"progression without a split", `{cluster: cand, fraction: 1, progression: {step: 10, interval: 1m, max: 50}}`, "",
+			[]string{`mirror.progression.split: no split of this route sends to "cand"`}},
+		{"progression", `{cluster: cand, fraction: 1, progression: {step: 0, max: 0}}`,
+			"    splits: [{cluster: main, weight: 100}, {cluster: cand, weight: 0}]\n",
+			[]string{"progression.step: 0 must be at least 1", "progression.max: 0 must be at least 1", "progression.interval: required"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			y := "clusters:\n  - {name: main, endpoints: [{url: \"http://h:1\"}]}\n  - {name: cand, endpoints: [{url: \"http://h:2\"}]}\n" +
+				"routes:\n  - name: chat\n    cluster: main\n" + tc.splits + "    mirror: " + tc.mirror + "\n"
+			c, err := Parse([]byte(y))
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m := c.Routes[0].Mirror; m.MaxQueue != DefaultMirrorMaxQueue || m.CaptureBytes != DefaultMirrorCaptureBytes {
+					t.Errorf("defaults not applied: %+v", m)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("invalid mirror accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%v\nlacks %q", err, w)
+				}
+			}
+		})
+	}
+}

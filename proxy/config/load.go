@@ -580,7 +580,7 @@ func checkMirror(add func(string, ...any), at string, r Route, m *Mirror, cluste
 		if strings.ContainsAny(v, "\r\n") {
 			add("%s.set_headers.%s: value must not contain line breaks", at, h)
 		}
-		if isCredentialHeader(h) {
+		if CredentialLike(h) {
 			add("%s.set_headers.%s: credentials for the sandbox come from its cluster's api_key", at, h)
 		}
 	}
@@ -603,16 +603,17 @@ func checkMirror(add func(string, ...any), at string, r Route, m *Mirror, cluste
 	}
 }
 
-// CredentialHeaders are removed from mirrored copies.
-var CredentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key"}
-
-func isCredentialHeader(h string) bool {
-	for _, c := range CredentialHeaders {
-		if strings.EqualFold(c, h) {
+// CredentialLike reports whether a header or query parameter name looks like it carries a
+// credential (API keys, tokens, passwords, signatures, cookies). Such names never reach a
+// mirror's sandbox, whatever the vendor calls them, and set_headers may not set them.
+func CredentialLike(name string) bool {
+	n := strings.ToLower(name)
+	for _, w := range []string{"auth", "key", "token", "secret", "password", "passwd", "cookie", "signature", "credential"} {
+		if strings.Contains(n, w) {
 			return true
 		}
 	}
-	return false
+	return n == "sig" || n == "code"
 }
 
 func hasWeightedSplit(r Route) bool {
