@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -237,15 +238,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	// Upstream chaos stands in for the model server: a delay, an abort answer, or faults in
 	// the body it sends.
 	at := ex.inj.Attempt(cand.Cluster)
-	var resp *http.Response
-	ab, err := at.Before(actx)
-	switch {
-	case err != nil:
-	case ab != nil:
-		resp = ab.Response(out)
-	default:
-		resp, err = cl.Transport().RoundTrip(out)
-	}
+	resp, err := roundTrip(actx, at, cl, out)
 	res.wait += time.Since(sent)
 	if err != nil {
 		res.class = transportClass(actx)
@@ -381,4 +374,17 @@ func (w *watchdog) stop() {
 	if w.t != nil {
 		w.t.Stop()
 	}
+}
+
+// roundTrip sends out to the cluster, unless the attempt's chaos faults answer for the model
+// server (an abort) or delay it first.
+func roundTrip(ctx context.Context, at *fault.Attempt, cl *clusterState, out *http.Request) (*http.Response, error) {
+	ab, err := at.Before(ctx)
+	switch {
+	case err != nil:
+		return nil, err
+	case ab != nil:
+		return ab.Response(out), nil
+	}
+	return cl.Transport().RoundTrip(out)
 }

@@ -492,15 +492,7 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	at := inj.AttemptNamed(clusterName)
 	var tap openai.Tap
 	tap.Start = time.Now()
-	var resp *http.Response
-	ab, err := at.Before(ctx)
-	switch {
-	case err != nil:
-	case ab != nil:
-		resp = ab.Response(out)
-	default:
-		resp, err = cl.Transport().RoundTrip(out)
-	}
+	resp, err := roundTrip(ctx, at, cl, out)
 	if err != nil {
 		a = shadow.Answer{Status: http.StatusBadGateway, ErrorClass: classConnect}
 		if ctx.Err() != nil {

@@ -72,24 +72,12 @@ func (e *ValidationError) Error() string {
 // (`sluice xds`): what only a replica can check (environment variables, files, the admin
 // token) is left to each replica, and relative paths stay relative (each replica resolves
 // them against its own working directory).
-func LoadFileForReplicas(file string) (*Config, error) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	c, err := decode(data)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", file, err)
-	}
-	c.Remote = true
-	if err := c.Finish(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", file, err)
-	}
-	return c, nil
-}
+func LoadFileForReplicas(file string) (*Config, error) { return loadFile(file, true) }
 
 // LoadFile reads, decodes, defaults and validates a YAML config file.
-func LoadFile(file string) (*Config, error) {
+func LoadFile(file string) (*Config, error) { return loadFile(file, false) }
+
+func loadFile(file string, remote bool) (*Config, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
@@ -98,7 +86,9 @@ func LoadFile(file string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", file, err)
 	}
-	c.resolvePaths(filepath.Dir(file))
+	if c.Remote = remote; !remote {
+		c.resolvePaths(filepath.Dir(file))
+	}
 	if err := c.Finish(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", file, err)
 	}
