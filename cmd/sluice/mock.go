@@ -34,13 +34,15 @@ func runMock(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.DurationVar(&c.DelayJitter, "delay-jitter", 0, "uniform random extra delay up to this")
 	fs.Float64Var(&c.TimeScale, "time-scale", 1, "multiplies every simulated duration (0.1 = ten times faster)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed for error injection and jitter")
+	fs.BoolVar(&c.NoHealth, "no-health", false, "answer GET /health with 404, like servers that have none (Ollama, some proxies); /v1/models keeps working")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice mock [--listen ADDR] [--ttft D] [--itl D] [--max-running N] [--kv-tokens N] [--model NAME] [flags]
 
 Runs a simulated OpenAI-compatible model server that behaves like a vLLM instance: chat,
-completions, embeddings, models, /health and vLLM's /metrics; deterministic answers; a
-performance model with a running batch, a KV cache and a waiting queue, so TTFT rises under
-load as on a real server.
+completions, the Responses API (/v1/responses), embeddings, models, /health and vLLM's
+/metrics; deterministic answers; a performance model with a running batch, a KV cache and a
+waiting queue, so TTFT rises under load as on a real server. Per-request test knobs travel as
+x-sim-* headers (see go doc github.com/sluicegw/sluice/test/sim).
 
 Flags:
 `)

@@ -44,6 +44,14 @@ func BenchmarkFastEmbeddings(b *testing.B) {
 	benchServe(b, "/v1/embeddings", `{"model":"sim-llama","input":["a short text","another one"]}`)
 }
 
+func BenchmarkFastResponses(b *testing.B) {
+	benchServe(b, "/v1/responses", `{"model":"sim-llama","input":"hello there","max_output_tokens":16}`)
+}
+
+func BenchmarkFastResponsesStream(b *testing.B) {
+	benchServe(b, "/v1/responses", `{"model":"sim-llama","input":"hello there","max_output_tokens":16,"stream":true}`)
+}
+
 // BenchmarkFastChatHTTP drives the fast path over real HTTP on 127.0.0.1 (client included in
 // the cost).
 func BenchmarkFastChatHTTP(b *testing.B) {

@@ -49,6 +49,9 @@ type Config struct {
 	// so requests queue behind each other and merging inputs into one request pays.
 	EmbedRequestCost time.Duration // fixed engine time per embeddings request (default 0)
 	EmbedItemCost    time.Duration // engine time per embeddings input (default 0)
+	// NoHealth makes GET /health answer 404 (not_found), like servers that have none
+	// (Ollama, some proxies); /v1/models keeps answering.
+	NoHealth bool
 }
 
 // Validate reports every problem of c at once (joined with errors.Join), or nil. Zero values

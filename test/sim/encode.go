@@ -90,9 +90,10 @@ func appendUsage(b []byte, prompt, completion int, withCompletion bool) []byte {
 type apiError struct {
 	status  int
 	typ     string
-	code    string
+	code    string // "" is null
 	param   string
 	message string
+	numCode bool // vLLM's engine errors: "code" is the HTTP status as a number
 }
 
 func badRequest(code, param, msg string) *apiError {
@@ -111,7 +112,9 @@ func (e *apiError) appendJSON(b []byte) []byte {
 		b = appendJSONString(b, e.param)
 	}
 	b = append(b, `,"code":`...)
-	if e.code == "" {
+	if e.numCode {
+		b = strconv.AppendInt(b, int64(e.status), 10)
+	} else if e.code == "" {
 		b = append(b, "null"...)
 	} else {
 		b = appendJSONString(b, e.code)
@@ -142,6 +145,21 @@ func writeJSON(w http.ResponseWriter, b []byte) error {
 	w.WriteHeader(http.StatusOK)
 	_, err := w.Write(b)
 	return err
+}
+
+// engineError is vLLM's error for a request that failed in the engine (x-sim-error-after)
+// after events SSE events (-1: a non-streaming request):
+// {"error":{"message":…,"type":"InternalServerError","param":null,"code":500}}.
+func engineError(events int) *apiError {
+	return &apiError{status: http.StatusInternalServerError, typ: "InternalServerError", numCode: true,
+		message: engineErrorMessage(events)}
+}
+
+func engineErrorMessage(events int) string {
+	if events < 0 {
+		return "Simulated engine failure (" + HeaderErrorAfter + ")."
+	}
+	return "Simulated engine failure after " + strconv.Itoa(events) + " events (" + HeaderErrorAfter + ")."
 }
 
 // statusError builds the error body for an injected or requested status code.

@@ -7,11 +7,12 @@ import (
 	"testing"
 )
 
-var fuzzPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+var fuzzPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
 
-// FuzzRequest feeds arbitrary bodies to the three API endpoints: the simulator must never
+// FuzzRequest feeds arbitrary bodies to the four API endpoints: the simulator must never
 // panic and must answer 200 or a 4xx with a valid JSON error; a 200 body must be valid JSON
-// or a well-formed SSE stream.
+// or a well-formed SSE stream (for the Responses API: named events numbered from 0, ending
+// with response.completed or response.incomplete).
 func FuzzRequest(f *testing.F) {
 	seeds := []struct {
 		ep   uint8
@@ -36,6 +37,16 @@ func FuzzRequest(f *testing.F) {
 		{0, `{`},
 		{1, `null`},
 		{2, ``},
+		{3, `{"model":"sim-llama","input":"hi [[mem:r1]]","instructions":"be brief","max_output_tokens":5}`},
+		{3, `{"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"http://x"}]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"b","annotations":[]}]}],"stream":true}`},
+		{3, `{"input":"w","tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"}}},"required":["a"]},"strict":true},{"type":"web_search"}],"stream":true,"max_output_tokens":3}`},
+		{3, `{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"r"}]},{"type":"reasoning","summary":[]}],"tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}}`},
+		{3, `{"input":"x","tool_choice":"required","tools":[{"type":"function","name":"f"}],"text":{"format":{"type":"json_schema","name":"n","schema":{}}},"metadata":{"k":"v"},"store":false,"seed":1,"temperature":0.3}`},
+		{3, `{"input":"x","previous_response_id":"resp_0000000000000000"}`},
+		{3, `{"input":[{"type":"function_call"}],"max_output_tokens":-2,"text":{"format":{"type":"x"}}}`},
+		{3, `{"input":[{"role":"user","content":{"a":1}}]}`},
+		{3, `{"input":[]}`},
+		{3, `[]`},
 	}
 	for _, s := range seeds {
 		f.Add(s.ep, []byte(s.body))
@@ -58,6 +69,10 @@ func FuzzRequest(f *testing.F) {
 		default:
 			t.Fatalf("status %d for %s %q: %s", rec.Code, path, body, out)
 		}
+		if rec.Header().Get("Content-Type") == "text/event-stream" && path == "/v1/responses" {
+			checkResponsesStream(t, out)
+			return
+		}
 		if rec.Header().Get("Content-Type") == "text/event-stream" {
 			events := strings.Split(strings.TrimSuffix(string(out), "\n\n"), "\n\n")
 			if events[len(events)-1] != "data: [DONE]" {
@@ -75,4 +90,24 @@ func FuzzRequest(f *testing.F) {
 			t.Fatalf("invalid JSON response: %q", out)
 		}
 	})
+}
+
+// checkResponsesStream checks a Responses stream's framing: `event: T\ndata: {"type":"T",
+// "sequence_number":N,...}` blocks, N counting from 0, the last a terminal event.
+func checkResponsesStream(t *testing.T, out []byte) {
+	events := strings.Split(strings.TrimSuffix(string(out), "\n\n"), "\n\n")
+	for i, ev := range events {
+		name, data, ok := strings.Cut(ev, "\ndata: ")
+		name, named := strings.CutPrefix(name, "event: ")
+		var d struct {
+			Type string `json:"type"`
+			Seq  *int   `json:"sequence_number"`
+		}
+		if !ok || !named || json.Unmarshal([]byte(data), &d) != nil || d.Type != name || d.Seq == nil || *d.Seq != i {
+			t.Fatalf("bad event %d %q", i, ev)
+		}
+	}
+	if last := events[len(events)-1]; !strings.HasPrefix(last, "event: response.completed\n") && !strings.HasPrefix(last, "event: response.incomplete\n") {
+		t.Fatalf("stream does not end with a terminal event: %q", last)
+	}
 }

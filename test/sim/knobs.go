@@ -25,6 +25,17 @@ const (
 	// HeaderStatus: answer this HTTP status (400-599) at once with an OpenAI error body
 	// (429 and 503 carry Retry-After: 1).
 	HeaderStatus = "X-Sim-Status"
+	// HeaderErrorAfter: after N SSE events, end the stream with an in-stream error the way
+	// vLLM does: `data: {"error":{"message":…,"type":"InternalServerError","param":null,"code":500}}`
+	// then `data: [DONE]` (chat, completions), or an `event: error` event
+	// {"type":"error","code":"server_error","message":…,"param":null,"sequence_number":N}
+	// (Responses API, no [DONE]). A non-streaming request is answered 500 with that error
+	// body at once.
+	HeaderErrorAfter = "X-Sim-Error-After"
+	// HeaderErrorEvent: "1" or "true" sends the chat/completions error above as a named
+	// event (an `event: error` line before its data line), as some servers do. Needs
+	// HeaderErrorAfter. Responses API errors are always named events.
+	HeaderErrorEvent = "X-Sim-Error-Event"
 )
 
 const maxKnobDuration = time.Hour
@@ -35,6 +46,8 @@ type knobs struct {
 	stallAfter int // -1: off
 	stallFor   time.Duration
 	status     int
+	errorAfter int // -1: off
+	errorEvent bool
 }
 
 func knobErr(header, msg string) *apiError {
@@ -42,7 +55,7 @@ func knobErr(header, msg string) *apiError {
 }
 
 func parseKnobs(h http.Header) (knobs, *apiError) {
-	k := knobs{dieAfter: -1, stallAfter: -1}
+	k := knobs{dieAfter: -1, stallAfter: -1, errorAfter: -1}
 	get := func(name string) (string, bool) {
 		v := h[name] // names are canonical: no allocation
 		if len(v) == 0 {
@@ -75,6 +88,19 @@ func parseKnobs(h http.Header) (knobs, *apiError) {
 	}
 	if e := count(HeaderStallAfter, &k.stallAfter); e != nil {
 		return k, e
+	}
+	if e := count(HeaderErrorAfter, &k.errorAfter); e != nil {
+		return k, e
+	}
+	if v, ok := get(HeaderErrorEvent); ok {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return k, knobErr(HeaderErrorEvent, fmt.Sprintf("want 1 or 0 (true or false), got %q", v))
+		}
+		if on && k.errorAfter < 0 {
+			return k, knobErr(HeaderErrorEvent, "needs "+HeaderErrorAfter)
+		}
+		k.errorEvent = on
 	}
 	if e := dur(HeaderStallFirst, &k.stallFirst); e != nil {
 		return k, e

@@ -15,6 +15,7 @@ const (
 	epChat endpoint = iota
 	epCompletions
 	epEmbeddings
+	epResponses
 )
 
 // Wire types of the requests. Unknown fields are ignored, like vLLM does by default.
@@ -44,13 +45,15 @@ type chatMessage struct {
 	Content    messageContent `json:"content"`
 	Name       string         `json:"name"`
 	ToolCallID string         `json:"tool_call_id"`
-	ToolCalls  []struct {
-		ID       string `json:"id"`
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	} `json:"tool_calls"`
+	ToolCalls  []chatToolCall `json:"tool_calls"`
+}
+
+type chatToolCall struct {
+	ID       string `json:"id"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
 }
 
 // messageContent is a message's content: a string, an array of content parts, or null.
@@ -60,11 +63,13 @@ type messageContent struct {
 }
 
 type contentPart struct {
-	Type     string `json:"type"`
-	Text     string `json:"text"`
-	ImageURL *struct {
-		URL string `json:"url"`
-	} `json:"image_url"`
+	Type     string    `json:"type"`
+	Text     string    `json:"text"`
+	ImageURL *imageURL `json:"image_url"`
+}
+
+type imageURL struct {
+	URL string `json:"url"`
 }
 
 func (c *messageContent) UnmarshalJSON(b []byte) error {
@@ -131,6 +136,7 @@ type plan struct {
 	// embeddings
 	dims   int
 	base64 bool
+	resp   *respPlan // Responses API
 	one    [1]choice // backing store for the common single-choice case
 }
 
@@ -172,30 +178,41 @@ func (s *Server) checkModel(model string) *apiError {
 		message: fmt.Sprintf("The model `%s` does not exist.", model)}
 }
 
-// maxTokens resolves the output budget of a request whose prompt has prompt tokens.
-func (s *Server) maxTokens(explicit *int64, prompt int) (int, *apiError) {
+// maxTokens resolves the output budget of a request whose prompt has prompt tokens; param
+// names the request field that sets it (max_tokens, max_output_tokens).
+func (s *Server) maxTokens(explicit *int64, prompt int, param string) (int, *apiError) {
 	limit := s.cfg.MaxModelLen
 	if explicit != nil {
 		mt := *explicit
 		if mt < 1 {
-			return 0, badRequest("invalid_value", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", mt))
+			return 0, badRequest("invalid_value", param, fmt.Sprintf("%s must be at least 1, got %d.", param, mt))
 		}
 		if mt > int64(limit-prompt) {
-			return 0, contextTooLong(limit, prompt, strconv.FormatInt(mt, 10))
+			return 0, contextTooLong(limit, prompt, mt)
 		}
 		return int(mt), nil
 	}
 	mt := min(s.cfg.MaxTokensDefault, limit-prompt)
 	if mt < 1 {
-		return 0, contextTooLong(limit, prompt, "1")
+		return 0, contextTooLong(limit, prompt, 1)
 	}
 	return mt, nil
 }
 
-func contextTooLong(limit, prompt int, completion string) *apiError {
+// contextTooLong is vLLM's answer to a prompt plus completion over the context window (param
+// "messages"; callers set the field of their endpoint). completion >= 0, prompt >= 0.
+func contextTooLong(limit, prompt int, completion int64) *apiError {
+	total := uint64(prompt) + uint64(completion) // both non-negative: no overflow
 	return badRequest("context_length_exceeded", "messages", fmt.Sprintf(
-		"This model's maximum context length is %d tokens. However, you requested %d tokens in the messages and %s in the completion. Please reduce the length of the messages or completion.",
-		limit, prompt, completion))
+		"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+		limit, total, prompt, completion))
+}
+
+// embeddingTooLong is vLLM's answer to an embeddings input over the context window.
+func embeddingTooLong(limit, prompt int) *apiError {
+	return badRequest("context_length_exceeded", "input", fmt.Sprintf(
+		"This model's maximum context length is %d tokens. However, you requested %d tokens in the input for embedding generation. Please reduce the length of the input.",
+		limit, prompt))
 }
 
 // finishChoice fills the KV reservation and checks that it can ever be admitted.
@@ -232,17 +249,6 @@ func (s *Server) planChat(body []byte) (*plan, *apiError) {
 	if len(req.Messages) == 0 {
 		return nil, badRequest("invalid_value", "messages", "messages must be a non-empty array.")
 	}
-	h := newHasher()
-	h.str(s.cfg.Model)
-	h.sep()
-	var marks markerSet
-	textTokens := 0
-	text := func(t string) {
-		h.str(t)
-		h.sep()
-		textTokens += estimateTokens(t)
-		marks.scan(t)
-	}
 	// continue_final_message (vLLM): the final assistant message is a prefix of the answer.
 	// The answer is the one the conversation without it gets, less the prefix's tokens, so a
 	// stream cut and resumed elsewhere reads exactly as the uncut one.
@@ -251,28 +257,12 @@ func (s *Server) planChat(body []byte) (*plan, *apiError) {
 		msgs[last].Content.each(func(t string) { prefix += len(strings.Fields(t)) })
 		msgs = msgs[:last]
 	}
-	for i := range msgs {
-		m := &msgs[i]
-		switch m.Role {
-		case "system", "developer", "user", "assistant", "tool", "function":
-		default:
-			return nil, badRequest("invalid_value", fmt.Sprintf("messages[%d].role", i),
-				fmt.Sprintf("messages[%d].role must be one of system, developer, user, assistant, tool; got %q.", i, m.Role))
-		}
-		h.str(m.Role)
-		h.sep()
-		m.Content.each(text)
-		for j := range m.ToolCalls {
-			text(m.ToolCalls[j].Function.Name)
-			text(m.ToolCalls[j].Function.Arguments)
-		}
-		if m.ToolCallID != "" {
-			h.str(m.ToolCallID)
-			h.sep()
-		}
+	var sum convSum
+	if e := s.hashConversation(&sum, msgs); e != nil {
+		return nil, e
 	}
 	p := &plan{ep: epChat, stream: req.Stream, includeUsage: req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
-	c := choice{prompt: max(1, len(req.Messages)+textTokens+(len(req.Tools)+3)/4)}
+	c := choice{prompt: max(1, len(req.Messages)+sum.textTokens+(len(req.Tools)+3)/4)}
 
 	tool, e := pickTool(req.Tools, req.ToolChoice)
 	if e != nil {
@@ -287,33 +277,91 @@ func (s *Server) planChat(body []byte) (*plan, *apiError) {
 	if explicit == nil {
 		explicit = req.MaxTokens
 	}
-	maxTok, e := s.maxTokens(explicit, c.prompt)
+	maxTok, e := s.maxTokens(explicit, c.prompt, "max_tokens")
 	if e != nil {
 		return nil, e
 	}
 	if e := s.reserve(&c, maxTok); e != nil {
 		return nil, e
 	}
-	s.sampleSeed(&h, req.Seed, req.Temperature)
-	if tool != nil {
-		c.tool = newToolCall(h.sum(), tool.Function.Name, tool.Function.Parameters, maxTok)
-		c.n, c.finish = c.tool.n, c.tool.finish
-	} else {
-		c.text = newTextGen(h.sum(), marks.list, prefix+maxTok, req.IgnoreEOS)
-		for range min(prefix, c.text.n) {
-			_ = c.text.next(nil)
-		}
-		c.n, c.finish = max(0, c.text.n-prefix), c.text.finish
-	}
+	s.planAnswer(&c, &sum, tool, maxTok, prefix, req.Seed, req.Temperature, req.IgnoreEOS)
 	p.promptTokens = c.prompt
 	p.one[0] = c
 	p.choices = p.one[:]
 	return p, nil
 }
 
-// pickTool decides whether the answer is a tool call and to which function. It returns nil
-// when the answer is text.
-func pickTool(rawTools, rawChoice json.RawMessage) (*toolDef, *apiError) {
+// convSum is what a conversation contributes to its answer: the hash of the model name and
+// every message (role, text, tool calls, tool call id), its context markers, and the prompt
+// tokens of its text. Chat and the Responses API share it, so the same conversation gets the
+// same answer from both.
+type convSum struct {
+	h          hasher
+	marks      markerSet
+	textTokens int
+}
+
+func (cs *convSum) text(t string) {
+	cs.h.str(t)
+	cs.h.sep()
+	cs.textTokens += estimateTokens(t)
+	cs.marks.scan(t)
+}
+
+// hashConversation fills sum from msgs (validating their roles).
+func (s *Server) hashConversation(sum *convSum, msgs []chatMessage) *apiError {
+	sum.h = newHasher()
+	sum.h.str(s.cfg.Model)
+	sum.h.sep()
+	for i := range msgs {
+		m := &msgs[i]
+		switch m.Role {
+		case "system", "developer", "user", "assistant", "tool", "function":
+		default:
+			return badRequest("invalid_value", fmt.Sprintf("messages[%d].role", i),
+				fmt.Sprintf("messages[%d].role must be one of system, developer, user, assistant, tool; got %q.", i, m.Role))
+		}
+		sum.h.str(m.Role)
+		sum.h.sep()
+		m.Content.each(sum.text)
+		for j := range m.ToolCalls {
+			sum.text(m.ToolCalls[j].Function.Name)
+			sum.text(m.ToolCalls[j].Function.Arguments)
+		}
+		if m.ToolCallID != "" {
+			sum.h.str(m.ToolCallID)
+			sum.h.sep()
+		}
+	}
+	return nil
+}
+
+// planAnswer plans the answer to a conversation into c (whose prompt and reservation are
+// set): a call to tool when it is not nil, else text; prefix tokens of the text are skipped
+// (continue_final_message).
+func (s *Server) planAnswer(c *choice, sum *convSum, tool *funcDef, maxTok, prefix int, seed *int64, temperature *float64, ignoreEOS bool) {
+	s.sampleSeed(&sum.h, seed, temperature)
+	if tool != nil {
+		c.tool = newToolCall(sum.h.sum(), tool.name, tool.params, maxTok)
+		c.n, c.finish = c.tool.n, c.tool.finish
+		return
+	}
+	c.text = newTextGen(sum.h.sum(), sum.marks.list, prefix+maxTok, ignoreEOS)
+	for range min(prefix, c.text.n) {
+		_ = c.text.next(nil)
+	}
+	c.n, c.finish = max(0, c.text.n-prefix), c.text.finish
+}
+
+// funcDef is a declared function tool.
+type funcDef struct {
+	name   string
+	params json.RawMessage
+}
+
+// pickTool decides whether a chat answer is a tool call and to which function. It returns
+// nil when the answer is text.
+func pickTool(rawTools, rawChoice json.RawMessage) (*funcDef, *apiError) {
 	if len(rawTools) == 0 || bytes.Equal(rawTools, []byte("null")) {
 		return nil, nil
 	}
@@ -321,7 +369,7 @@ func pickTool(rawTools, rawChoice json.RawMessage) (*toolDef, *apiError) {
 	if err := json.Unmarshal(rawTools, &tools); err != nil {
 		return nil, badRequest("invalid_value", "tools", "tools must be an array of tool definitions: "+err.Error())
 	}
-	var fns []*toolDef
+	var fns []funcDef
 	for i := range tools {
 		t := &tools[i]
 		if t.Type != "function" && t.Type != "" {
@@ -330,45 +378,69 @@ func pickTool(rawTools, rawChoice json.RawMessage) (*toolDef, *apiError) {
 		if t.Function == nil || t.Function.Name == "" {
 			return nil, badRequest("invalid_value", fmt.Sprintf("tools[%d].function.name", i), "tools[].function.name is required.")
 		}
-		fns = append(fns, t)
+		fns = append(fns, funcDef{name: t.Function.Name, params: t.Function.Parameters})
 	}
-	want := ""
-	switch c := bytes.TrimSpace(rawChoice); {
-	case len(c) == 0 || bytes.Equal(c, []byte("null")):
-	case c[0] == '"':
-		var mode string
-		if err := json.Unmarshal(c, &mode); err != nil {
-			return nil, badRequest("invalid_value", "tool_choice", "invalid tool_choice: "+err.Error())
-		}
-		switch mode {
-		case "none":
-			return nil, nil
-		case "auto", "required":
-		default:
-			return nil, badRequest("invalid_value", "tool_choice", fmt.Sprintf("tool_choice must be none, auto, required or an object; got %q.", mode))
-		}
-	case c[0] == '{':
+	none, want, e := parseToolChoice(rawChoice, func(c []byte) (string, bool) {
 		var named struct {
 			Function struct {
 				Name string `json:"name"`
 			} `json:"function"`
 		}
 		if err := json.Unmarshal(c, &named); err != nil || named.Function.Name == "" {
-			return nil, badRequest("invalid_value", "tool_choice", "tool_choice object must name a function.")
+			return "", false
 		}
-		want = named.Function.Name
-	default:
-		return nil, badRequest("invalid_value", "tool_choice", "tool_choice must be a string or an object.")
+		return named.Function.Name, true
+	})
+	if e != nil {
+		return nil, e
 	}
+	if none {
+		return nil, nil
+	}
+	return chooseTool(fns, want)
+}
+
+// parseToolChoice reads a tool_choice: absent, null, "auto" and "required" pick the first
+// function, "none" none, an object (read by named) the function it names.
+func parseToolChoice(raw json.RawMessage, named func([]byte) (string, bool)) (none bool, want string, e *apiError) {
+	switch c := bytes.TrimSpace(raw); {
+	case len(c) == 0 || bytes.Equal(c, []byte("null")):
+	case c[0] == '"':
+		var mode string
+		if err := json.Unmarshal(c, &mode); err != nil {
+			return false, "", badRequest("invalid_value", "tool_choice", "invalid tool_choice: "+err.Error())
+		}
+		switch mode {
+		case "none":
+			return true, "", nil
+		case "auto", "required":
+		default:
+			return false, "", badRequest("invalid_value", "tool_choice", fmt.Sprintf("tool_choice must be none, auto, required or an object; got %q.", mode))
+		}
+	case c[0] == '{':
+		name, ok := named(c)
+		if !ok {
+			return false, "", badRequest("invalid_value", "tool_choice", "tool_choice object must name a function.")
+		}
+		want = name
+	default:
+		return false, "", badRequest("invalid_value", "tool_choice", "tool_choice must be a string or an object.")
+	}
+	return false, want, nil
+}
+
+// chooseTool returns the function named want, or the first one when want is "" (nil when
+// there is none: the answer is text).
+func chooseTool(fns []funcDef, want string) (*funcDef, *apiError) {
 	if want == "" {
 		if len(fns) == 0 {
 			return nil, nil
 		}
-		return fns[0], nil
+		return &fns[0], nil
 	}
-	for _, f := range fns {
-		if f.Function.Name == want {
-			return f, nil
+	for i := range fns {
+		if fns[i].name == want {
+			return &fns[i], nil
 		}
 	}
 	return nil, badRequest("invalid_value", "tool_choice", fmt.Sprintf("tool_choice names function %q, which is not in tools.", want))
@@ -474,9 +546,11 @@ func (s *Server) planCompletion(body []byte) (*plan, *apiError) {
 	p.choices = make([]choice, 0, len(items))
 	for _, it := range items {
 		c := choice{prompt: it.count()}
-		maxTok, e := s.maxTokens(req.MaxTokens, c.prompt)
-		if e != nil {
+		maxTok, e := s.maxTokens(req.MaxTokens, c.prompt, "max_tokens")
+		if e != nil && e.code == "context_length_exceeded" {
 			e.param = "prompt"
+		}
+		if e != nil {
 			return nil, e
 		}
 		if e := s.reserve(&c, maxTok); e != nil {
@@ -529,7 +603,7 @@ func (s *Server) planEmbedding(body []byte) (*plan, *apiError) {
 	for _, it := range items {
 		c := choice{prompt: it.count(), input: it.text, finish: "stop"}
 		if c.prompt > s.cfg.MaxModelLen {
-			return nil, contextTooLong(s.cfg.MaxModelLen, c.prompt, "0")
+			return nil, embeddingTooLong(s.cfg.MaxModelLen, c.prompt)
 		}
 		if e := s.reserve(&c, 0); e != nil {
 			return nil, e

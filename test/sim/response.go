@@ -38,6 +38,9 @@ func (s *Server) writeResponse(w http.ResponseWriter, p *plan, arrival time.Time
 	switch p.ep {
 	case epEmbeddings:
 		b = s.appendEmbeddings(b, p)
+	case epResponses:
+		s.storeResponse(p)
+		b = s.appendResponse(b, p, true)
 	default:
 		b = s.appendCompletion(b, p, arrival.Unix())
 	}
@@ -175,6 +178,9 @@ type streamer struct {
 
 func (s *Server) newStreamer(ctx context.Context, w http.ResponseWriter, p *plan, kn knobs, arrival time.Time) *streamer {
 	st := &streamer{s: s, w: w, rc: http.NewResponseController(w), ctx: ctx, p: p, kn: kn, bp: getBuf()}
+	if p.ep == epResponses {
+		return st // events are built whole: see revent
+	}
 	pre := make([]byte, 0, 128+len(s.modelJSON))
 	if p.ep == epChat {
 		pre = s.appendID(append(pre, `data: {"id":"`...), "chatcmpl-")
@@ -193,7 +199,8 @@ func (s *Server) newStreamer(ctx context.Context, w http.ResponseWriter, p *plan
 
 func (st *streamer) release() { putBuf(st.bp) }
 
-// start sends the response headers and applies x-sim-stall-first.
+// start sends the response headers and applies x-sim-stall-first; a Responses stream then
+// sends response.created and response.in_progress.
 func (st *streamer) start() error {
 	h := st.w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -209,10 +216,14 @@ func (st *streamer) start() error {
 		}
 		return errClosed
 	}
+	if st.p.ep == epResponses {
+		return st.respOpen()
+	}
 	return nil
 }
 
-// send writes the event in *st.bp, applying the stall-after and die-after knobs first.
+// send writes the event in *st.bp, applying the stall-after, die-after and error-after knobs
+// first (in that order: a stall, then a kill wins over an error at the same count).
 func (st *streamer) send() error {
 	if st.events == st.kn.stallAfter && !sleepCtx(st.ctx, st.s.stop, st.kn.stallFor) {
 		if st.ctx.Err() != nil {
@@ -224,11 +235,44 @@ func (st *streamer) send() error {
 		st.abort = !kill(st.w)
 		return errKilled
 	}
+	if st.events == st.kn.errorAfter {
+		return st.sendError()
+	}
 	st.events++
 	if _, err := st.w.Write(*st.bp); err != nil {
 		return errGone
 	}
 	return st.flush()
+}
+
+// sendError ends the stream with an error the way vLLM does: for chat and completions
+// `data: {"error":{...,"code":500}}` (after an `event: error` line with x-sim-error-event)
+// then `data: [DONE]`; for the Responses API an `event: error` event with the next
+// sequence number, and no [DONE]. The handler then ends the response normally.
+func (st *streamer) sendError() error {
+	b := (*st.bp)[:0]
+	if st.p.ep == epResponses {
+		b = st.revent("error")
+		b = append(b, `,"code":"server_error","message":`...)
+		b = appendJSONString(b, engineErrorMessage(st.events))
+		b = append(b, `,"param":null}`+"\n\n"...)
+	} else {
+		if st.kn.errorEvent {
+			b = append(b, "event: error\n"...)
+		}
+		b = append(b, "data: "...)
+		b = engineError(st.events).appendJSON(b)
+		b = append(b, "\n\ndata: [DONE]\n\n"...)
+	}
+	*st.bp = b
+	st.events++
+	if _, err := st.w.Write(b); err != nil {
+		return errGone
+	}
+	if err := st.flush(); err != nil {
+		return err
+	}
+	return errInjected
 }
 
 func (st *streamer) flush() error {
@@ -264,6 +308,9 @@ func appendIndex(b []byte, i int) []byte {
 // tokens) and not sent yet, TokensPerEvent tokens per event (fewer only for the last event
 // of a finished choice). done means the choice has all its tokens; its finish chunk follows.
 func (st *streamer) emit(i, avail int, done bool) error {
+	if st.p.ep == epResponses {
+		return st.emitResponses(avail, done)
+	}
 	c := &st.p.choices[i]
 	chat := st.p.ep == epChat
 	tpe := st.s.cfg.TokensPerEvent
@@ -330,8 +377,11 @@ func (st *streamer) emit(i, avail int, done bool) error {
 	return nil
 }
 
-// finish sends the usage chunk (when asked for) and [DONE].
+// finish sends the usage chunk (when asked for) and [DONE], or a Responses stream's last event.
 func (st *streamer) finish() error {
+	if st.p.ep == epResponses {
+		return st.finishResponses()
+	}
 	if st.p.includeUsage {
 		completion := 0
 		for i := range st.p.choices {

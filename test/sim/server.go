@@ -42,6 +42,8 @@ type Server struct {
 	maxWaitingSeen int
 	closed         bool
 
+	stored respStore // Responses API: stored responses, for previous_response_id
+
 	embedSlot chan struct{} // the one embedding engine: held for an embeddings request's cost
 	wake      chan struct{}
 	stop      chan struct{}
@@ -96,11 +98,11 @@ func (s *Server) Close() {
 // Errors count HTTP requests to the API endpoints; Running, Waiting and the peaks count
 // sequences (one per chat answer, completions prompt or embeddings input), like vLLM.
 type Stats struct {
-	Requests         int64   // API requests received (chat, completions, embeddings), errors included
+	Requests         int64   // API requests received (chat, completions, responses, embeddings), errors included
 	Completed        int64   // answered in full
 	Cancelled        int64   // the client went away before the answer was complete
 	Aborted          int64   // connections killed on purpose (x-sim-die-after)
-	Errors           int64   // answered with an error status
+	Errors           int64   // answered with an error status, or a stream ended by an error event (x-sim-error-after)
 	Running          int     // sequences running now (generated inline, on the fast path)
 	Waiting          int     // sequences waiting for admission now
 	PeakRunning      int     // most sequences ever running at once
@@ -152,6 +154,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveAPI(w, r, epChat)
 	case "/v1/completions":
 		s.serveAPI(w, r, epCompletions)
+	case "/v1/responses":
+		s.serveAPI(w, r, epResponses)
 	case "/v1/embeddings":
 		s.serveAPI(w, r, epEmbeddings)
 	case "/v1/models":
@@ -159,7 +163,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.serveModels(w, "")
 		}
 	case "/health":
-		if s.allowGet(w, r) {
+		if s.cfg.NoHealth {
+			notFound(w, path)
+		} else if s.allowGet(w, r) {
 			w.WriteHeader(http.StatusOK)
 		}
 	case "/metrics":
@@ -173,9 +179,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else if ok {
 			return
 		}
-		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
-			message: "Unknown path " + strconv.Quote(path) + "."})
+		notFound(w, path)
 	}
+}
+
+func notFound(w http.ResponseWriter, path string) {
+	writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
+		message: "Unknown path " + strconv.Quote(path) + "."})
 }
 
 func (s *Server) allowGet(w http.ResponseWriter, r *http.Request) bool {
@@ -294,16 +304,18 @@ func readBody(r *http.Request, bp *[]byte) ([]byte, *apiError) {
 type outcome uint8
 
 const (
-	outDone   outcome = iota // answered in full
-	outGone                  // the client went away
-	outKilled                // killed on purpose (x-sim-die-after)
-	outClosed                // the server was closed
+	outDone    outcome = iota // answered in full
+	outGone                   // the client went away
+	outKilled                 // killed on purpose (x-sim-die-after)
+	outClosed                 // the server was closed
+	outErrored                // ended by an in-stream error on purpose (x-sim-error-after)
 )
 
 var (
-	errGone   = errors.New("sim: client gone")
-	errKilled = errors.New("sim: connection killed")
-	errClosed = errors.New("sim: server closed")
+	errGone     = errors.New("sim: client gone")
+	errKilled   = errors.New("sim: connection killed")
+	errClosed   = errors.New("sim: server closed")
+	errInjected = errors.New("sim: in-stream error sent")
 )
 
 func outcomeOf(err error) outcome {
@@ -314,6 +326,8 @@ func outcomeOf(err error) outcome {
 		return outKilled
 	case errors.Is(err, errClosed):
 		return outClosed
+	case errors.Is(err, errInjected):
+		return outErrored
 	}
 	return outGone
 }
@@ -326,7 +340,7 @@ func (s *Server) count(o outcome) {
 		s.cancelled.Add(1)
 	case outKilled:
 		s.aborted.Add(1)
-	case outClosed:
+	case outClosed, outErrored:
 		s.errs.Add(1)
 	}
 }
@@ -375,6 +389,8 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, ep endpoint) {
 			p, e = s.planChat(body)
 		case epCompletions:
 			p, e = s.planCompletion(body)
+		case epResponses:
+			p, e = s.planResponses(body)
 		default:
 			p, e = s.planEmbedding(body)
 		}
@@ -390,6 +406,10 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		if !kill(w) {
 			panic(http.ErrAbortHandler)
 		}
+		return
+	}
+	if kn.errorAfter >= 0 && !p.stream {
+		s.fail(w, engineError(-1))
 		return
 	}
 	var st *streamer
