@@ -37,11 +37,12 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	conc := fs.Int("concurrency", 0, "closed loop: keep this many requests (or sessions) in flight")
 	sweep := fs.Bool("sweep", false, "find the highest rate meeting --slo (doubling from --rate, then bisection); each step runs --duration/--requests")
 	sweepSteps := fs.Int("sweep-steps", 8, "runs in a sweep")
-	sweepAtt := fs.Float64("sweep-attainment", 0.9, "share of requests that must meet every SLO for a sweep step to pass")
+	sweepAtt := fs.Float64("sweep-attainment", load.DefaultAttainment, "share of requests that must meet every SLO for a sweep step to pass (the sweep fails, exit 1, when no step does)")
 	duration := fs.Duration("duration", 0, "stop scheduling after this long (0: until the workload ends)")
 	requests := fs.Int("requests", 0, "send this many requests of the whole workload (0: all; synthetic default 100)")
 	timeScale := fs.Float64("time-scale", 1, "multiply trace timestamps by this (0.5 replays twice as fast)")
 	slo := fs.String("slo", "", "SLO limits for goodput and attainment, e.g. ttft=500ms,itl=50ms,tpot=40ms,e2e=10s")
+	sloAtt := fs.Float64("slo-attainment", load.DefaultAttainment, "with --slo: the run fails (exit 1) when fewer than this share of requests meet every SLO (0: never; --sweep uses --sweep-attainment)")
 	jsonOut := fs.String("json", "", "write the JSON results (mergeable) to this file")
 	htmlOut := fs.String("html", "", "write the self-contained HTML report to this file")
 	shard := fs.String("shard", "", "run shard i/n of the workload (requests with index ≡ i mod n); merge the JSON files with 'sluice load merge'")
@@ -67,6 +68,15 @@ Sluice's x-sluice-upstream / x-sluice-attempts, scheduling lag, and for --sessio
 fidelity. Prompts are synthesised to exact cl100k token counts; output length is forced with
 max_tokens and ignore_eos. A trace replays at its own timestamps unless --rate re-paces it.
 
+Exit status (the summary and --json/--html are written first either way):
+  0  the run passed
+  1  the run failed: every request failed (none succeeded), or --slo is given and fewer than
+     --slo-attainment of the requests met every limit (--sweep: no step reached
+     --sweep-attainment); the last line on stderr says why. Also a usage, input or output error.
+An interrupted run (SIGINT, SIGTERM) exits 0 with a note and is not judged: the requests it
+cut short count as failed. 'sluice load merge' only combines: it exits 1 only when the files
+cannot be read or merged, never on the SLO.
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -76,6 +86,25 @@ Flags:
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *target != "" {
+		if err := load.CheckTarget(*target); err != nil {
+			return err
+		}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !(*sloAtt >= 0 && *sloAtt <= 1) {
+		return fmt.Errorf("--slo-attainment %g: want a share in [0, 1], e.g. 0.9", *sloAtt)
+	}
+	if !(*sweepAtt > 0 && *sweepAtt <= 1) {
+		return fmt.Errorf("--sweep-attainment %g: want a share in (0, 1], e.g. 0.9", *sweepAtt)
+	}
+	if set["slo-attainment"] && *slo == "" {
+		return errors.New("--slo-attainment needs --slo (the limits whose attainment it judges)")
+	}
+	if set["slo-attainment"] && *sweep {
+		return errors.New("--slo-attainment judges one run: with --sweep give --sweep-attainment")
 	}
 	if os.Getenv("GOGC") == "" {
 		// Fewer collections: at thousands of requests per second the collector's pauses and
@@ -137,33 +166,24 @@ Flags:
 		}
 		cfg.Inflate, cfg.InflateK = share, kk
 	}
-	if !*quiet && isTTY(stdout) {
-		bar := progressbar.NewOptions64(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetWidth(20),
-			progressbar.OptionShowCount(), progressbar.OptionThrottle(200*time.Millisecond), progressbar.OptionClearOnFinish())
-		defer func() { _ = bar.Finish() }()
-		cfg.OnProgress = func(l load.Live) {
-			if l.Total > 0 && bar.GetMax64() != l.Total {
-				bar.ChangeMax64(l.Total)
-			}
-			rate := 0.0
-			if l.Elapsed > 0 {
-				rate = float64(l.Sent) / l.Elapsed.Seconds()
-			}
-			bar.Describe(fmt.Sprintf("%.1f req/s  in-flight %d  TTFT p50 %v p99 %v  errors %d", rate, l.InFlight,
-				l.TTFTp50.Round(time.Millisecond), l.TTFTp99.Round(time.Millisecond), l.Errs))
-			_ = bar.Set64(l.Done)
-		}
+	var view *progressView
+	if showProgress(*quiet, stderr) {
+		view = &progressView{w: stderr}
+		defer view.end()
+		cfg.OnProgress = view.update
 	}
 	var rep *load.Report
 	if *sweep {
 		rep, err = load.Sweep(ctx, cfg, load.SweepConfig{Start: *rate, Steps: *sweepSteps, Attainment: *sweepAtt,
 			OnStep: func(s load.SweepStep) {
+				view.end()
 				fmt.Fprintf(stdout, "sweep: rate %8.2f req/s  attainment %5.1f%%  goodput %7.2f  TTFT p99 %8.1f ms  pass %v\n",
 					s.Rate, s.Attainment*100, s.Goodput, s.TTFTp99, s.Pass)
 			}})
 	} else {
 		rep, err = load.Run(ctx, cfg)
 	}
+	view.end() // before anything else is printed: the summary starts on a line of its own
 	if rep == nil {
 		return err
 	}
@@ -175,7 +195,68 @@ Flags:
 		fmt.Fprintln(stderr, "sluice load: interrupted; the results cover what was measured")
 		return nil
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	threshold := *sloAtt
+	if *sweep {
+		threshold = *sweepAtt
+	}
+	// main prints it as the last line on stderr ("sluice load: SLO missed: ...") and exits 1.
+	return rep.Check(threshold)
+}
+
+// showProgress decides whether the live progress view is drawn: on stderr, when that is a
+// terminal. A variable, so that tests can draw it into a buffer.
+var showProgress = func(quiet bool, stderr io.Writer) bool { return !quiet && isTTY(stderr) }
+
+// progressView is the live progress line (schollz/progressbar) on stderr. The summary and the
+// sweep's lines go to stdout, usually the same terminal, so end is called before each: it
+// leaves the last state drawn and moves to a new line, so that what follows starts on a line
+// of its own (in a terminal and in a file alike). The next update starts a new bar.
+type progressView struct {
+	w     io.Writer
+	bar   *progressbar.ProgressBar // nil: nothing drawn since the last end
+	total int64                    // the bar's length (-1: unknown, a spinner)
+}
+
+func (v *progressView) update(l load.Live) {
+	if v.bar == nil {
+		v.total = -1 // a spinner until the total is known
+		if l.Total > 0 {
+			v.total = l.Total
+		}
+		// No throttle: updates come 4 times a second, and each one must be drawn (a
+		// throttled bar would draw the first of the calls below and drop the other, so
+		// the count would lag the description, and the final state could be left undrawn).
+		// No spinner interval: it would start a goroutine drawing the spinner every 100 ms
+		// until the bar is full, over whatever is printed after end; the spinner then
+		// turns once per update instead.
+		v.bar = progressbar.NewOptions64(v.total, progressbar.OptionSetWriter(v.w), progressbar.OptionSetWidth(20),
+			progressbar.OptionShowCount(), progressbar.OptionSetSpinnerChangeInterval(0))
+	} else if l.Total > 0 && v.total != l.Total {
+		// Not bar.GetMax64: a spinner's max is its width (20), so a total of 20 stayed a spinner.
+		v.total = l.Total
+		v.bar.ChangeMax64(l.Total)
+	}
+	rate := 0.0
+	if l.Elapsed > 0 {
+		rate = float64(l.Sent) / l.Elapsed.Seconds()
+	}
+	v.bar.Describe(fmt.Sprintf("%.1f req/s  in-flight %d  TTFT p50 %v p99 %v  errors %d", rate, l.InFlight,
+		l.TTFTp50.Round(time.Millisecond), l.TTFTp99.Round(time.Millisecond), l.Errs))
+	_ = v.bar.Set64(l.Done)
+}
+
+// end stops the bar and ends its line; a nil view or one with nothing drawn does nothing.
+// It must not run concurrently with update (Run has stopped calling OnProgress when it returns).
+func (v *progressView) end() {
+	if v == nil || v.bar == nil {
+		return
+	}
+	_ = v.bar.Exit()
+	fmt.Fprintln(v.w)
+	v.bar = nil
 }
 
 func runLoadMerge(args []string, stdout, stderr io.Writer) error {
@@ -188,7 +269,9 @@ func runLoadMerge(args []string, stdout, stderr io.Writer) error {
 
 Merges the JSON results of shards (sluice load --shard i/n --json ...) exactly: counts and HDR
 histograms add, per-second buckets add, the span runs from the first send to the last answer.
-Prints the merged summary.
+Prints the merged summary. It only combines: the exit status is 1 when a file cannot be read
+or the reports cannot be merged (versions or SLOs differ), never for the SLO's attainment or
+failed requests; each shard's own run was judged by its exit status.
 
 Flags:
 `)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"html/template"
 	"io"
-	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -24,9 +23,10 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		"TokTime":    r.timeSVG("Output tokens per second", func(b Bucket) (float64, bool) { return float64(b.Tokens), true }),
 		"ReqTime":    r.timeSVG("Completed requests per second", func(b Bucket) (float64, bool) { return float64(b.Done - b.Errors), true }),
 		"Sweep":      r.sweepSVG(),
-		"ErrorKeys":  slices.Sorted(maps.Keys(r.Errors)),
-		"StatusKeys": slices.Sorted(maps.Keys(r.Statuses)),
-		"UpKeys":     slices.Sorted(maps.Keys(r.Upstreams)),
+		"ErrorKeys":  byCount(r.Errors),
+		"StatusKeys": byCount(r.Statuses),
+		"UpKeys":     byCount(r.Upstreams),
+		"Shards":     strings.Join(r.Meta.Shards, ", "),
 	}
 	return reportTmpl.Execute(w, data)
 }
@@ -212,7 +212,7 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f2f2
 .charts{display:flex;flex-wrap:wrap;gap:12px}svg{background:#fafafa;border:1px solid #ddd}</style></head><body>
 <h1>sluice load report</h1>
 <p>Target <b>{{.R.Meta.Target}}</b>{{if .R.Meta.Model}}, model <b>{{.R.Meta.Model}}</b>{{end}}<br>
-Workload: {{.R.Meta.Workload}}<br>Load: {{.R.Meta.Load}}<br>Started {{.R.Meta.Started}}{{if .R.Meta.Shards}}, merged shards {{.R.Meta.Shards}}{{end}}</p>
+Workload: {{.R.Meta.Workload}}<br>Load: {{.R.Meta.Load}}<br>Started {{.R.Meta.Started}}{{if .Shards}}, merged shards {{.Shards}}{{end}}</p>
 <h2>Summary</h2>
 <table><tr><th>requests</th><th>ok</th><th>failed</th><th>aborted</th><th>duration s</th><th>req/s</th><th>output tok/s</th><th>input tok/s</th><th>output tokens</th><th>error rate</th></tr>
 <tr><td>{{.R.Requests}}</td><td>{{.R.OK}}</td><td>{{.R.Failed}}</td><td>{{.R.Aborted}}</td><td>{{f2 .S.DurationS}}</td><td>{{f2 .S.ReqPerS}}</td><td>{{f2 .S.OutTokPerS}}</td><td>{{f2 .S.InTokPerS}}</td><td>{{.R.OutputTokens}}</td><td>{{pct .S.ErrorRate}}</td></tr></table>

@@ -453,6 +453,72 @@ func (r *Report) Summarize() {
 	r.Summary = s
 }
 
+// DefaultAttainment is the share of requests that must meet every SLO for a run (and a
+// sweep step) to pass, when none is given.
+const DefaultAttainment = 0.9
+
+// Errors of Check, for errors.Is.
+var (
+	ErrAllFailed = errors.New("every request failed")
+	ErrSLOMissed = errors.New("SLO missed")
+)
+
+// Check judges the run as a CI gate would (k6's thresholds), returning nil when it passed:
+// ErrAllFailed when requests were measured (not aborted by client-side chaos) and none
+// succeeded; ErrSLOMissed when an SLO is set and the share of measured requests meeting every
+// limit (failed requests meet none) is below minAttainment (0 disables this check). A sweep's
+// report (Sweep set) passes when one of its steps passed. A run that measured nothing (no
+// request sent, or every one aborted on purpose) passes. The message says why, with counts.
+func (r *Report) Check(minAttainment float64) error {
+	if r.Summary == nil {
+		r.Summarize()
+	}
+	measured := r.Requests - r.Aborted
+	if measured > 0 && r.OK == 0 {
+		return fmt.Errorf("%w (%d of %d: %s)", ErrAllFailed, r.Failed, measured, formatCounts(r.Errors))
+	}
+	if len(r.Sweep) > 0 {
+		best := r.Sweep[0]
+		for _, st := range r.Sweep {
+			if st.Pass {
+				return nil
+			}
+			if st.Attainment > best.Attainment {
+				best = st
+			}
+		}
+		d := decimals(best.Attainment, minAttainment)
+		return fmt.Errorf("%w at every rate of the sweep (%d steps): best attainment %.*f%% < %.*f%%, at %.2f req/s",
+			ErrSLOMissed, len(r.Sweep), d, 100*best.Attainment, d, 100*minAttainment, best.Rate)
+	}
+	att, ok := r.Summary.Attainment["all"]
+	if !ok || minAttainment <= 0 || att >= minAttainment {
+		return nil
+	}
+	d := decimals(att, minAttainment)
+	var per []string
+	for _, m := range []struct {
+		name string
+		set  bool
+	}{{"ttft", r.SLO.TTFT > 0}, {"tpot", r.SLO.TPOT > 0}, {"itl", r.SLO.ITL > 0}, {"e2e", r.SLO.E2E > 0}} {
+		if m.set {
+			per = append(per, fmt.Sprintf("%s %.*f%%", m.name, d, 100*r.Summary.Attainment[m.name]))
+		}
+	}
+	return fmt.Errorf("%w: attainment %.*f%% < %.*f%% (%s; %d of %d requests met every limit)", ErrSLOMissed,
+		d, 100*att, d, 100*minAttainment, strings.Join(per, ", "), r.SLOMet["all"], measured)
+}
+
+// decimals is how many decimals two shares need as percentages to print differently (one
+// at least, four at most): 0.8996 against 0.9 is "89.96% < 90.00%", not "90.0% < 90.0%".
+func decimals(got, want float64) int {
+	d := 1
+	for d < 4 && fmt.Sprintf("%.*f", d, 100*got) == fmt.Sprintf("%.*f", d, 100*want) {
+		d++
+	}
+	return d
+}
+
 // Merge combines shard reports exactly: counts and histograms add, buckets add by second,
 // the span runs from the earliest send to the latest completion.
 func Merge(reports ...*Report) (*Report, error) {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -117,6 +118,8 @@ func (c *Config) validate() error {
 	var errs []error
 	if c.Target == "" {
 		errs = append(errs, errors.New("target: required (--target URL: the OpenAI-compatible endpoint to load, e.g. http://127.0.0.1:8080)"))
+	} else if err := CheckTarget(c.Target); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Workload == nil {
 		errs = append(errs, errors.New("workload: required (--trace FILE, --synthetic SPEC or --sessions SPEC)"))
@@ -145,6 +148,26 @@ func (c *Config) validate() error {
 		errs = append(errs, errors.New("give a rate or a concurrency (only a trace has its own timestamps)"))
 	}
 	return errors.Join(errs...)
+}
+
+// CheckTarget reports whether target is an http:// or https:// URL with a host. Without a
+// scheme ("127.0.0.1:8080", "localhost:8080") Go's HTTP client fails each request in
+// confusing ways ("unsupported protocol scheme"), or parses the host as the scheme, so the
+// error suggests the fix.
+func CheckTarget(target string) error {
+	u, err := url.Parse(target)
+	switch {
+	case err == nil && (u.Scheme == "http" || u.Scheme == "https"):
+		if u.Hostname() == "" {
+			return fmt.Errorf("--target %s has no host: want http://HOST:PORT, e.g. http://127.0.0.1:8080", target)
+		}
+		return nil
+	case !strings.Contains(target, "://"):
+		return fmt.Errorf("--target %s has no scheme: use http://%s", target, target)
+	case err != nil:
+		return fmt.Errorf("--target %s: %w", target, err)
+	}
+	return fmt.Errorf("--target %s: scheme %q, want http or https", target, u.Scheme)
 }
 
 func endpointURL(target, endpoint string) string {

@@ -11,7 +11,7 @@ type SweepConfig struct {
 	Start      float64 // first rate tried (default 1 req/s)
 	Max        float64 // highest rate tried (default 10000)
 	Steps      int     // runs in all (default 8)
-	Attainment float64 // share of requests that must meet every SLO (default 0.9)
+	Attainment float64 // share of requests that must meet every SLO (default DefaultAttainment)
 	OnStep     func(SweepStep)
 }
 
@@ -37,7 +37,7 @@ func Sweep(ctx context.Context, cfg Config, sc SweepConfig) (*Report, error) {
 		sc.Steps = 8
 	}
 	if sc.Attainment <= 0 || sc.Attainment > 1 {
-		sc.Attainment = 0.9
+		sc.Attainment = DefaultAttainment
 	}
 	var steps []SweepStep
 	var best, last *Report

@@ -1,10 +1,12 @@
 package load
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -16,7 +18,7 @@ func PrintSummary(w io.Writer, r *Report) {
 	s := r.Summary
 	fmt.Fprintf(w, "target %s  workload %s\nload   %s\n", r.Meta.Target, r.Meta.Workload, r.Meta.Load)
 	if len(r.Meta.Shards) > 0 {
-		fmt.Fprintf(w, "shards %v\n", r.Meta.Shards)
+		fmt.Fprintf(w, "shards %s\n", strings.Join(r.Meta.Shards, ", "))
 	}
 	fmt.Fprintf(w, "requests %d  ok %d  failed %d  aborted %d  over %.2fs\n", r.Requests, r.OK, r.Failed, r.Aborted, s.DurationS)
 	fmt.Fprintf(w, "throughput %.2f req/s  %.1f output tok/s  %.1f input tok/s\n", s.ReqPerS, s.OutTokPerS, s.InTokPerS)
@@ -27,7 +29,10 @@ func PrintSummary(w io.Writer, r *Report) {
 			100*s.Attainment["itl"], 100*s.Attainment["e2e"])
 	}
 	if r.Retried > 0 || len(r.Upstreams) > 0 {
-		fmt.Fprintf(w, "gateway: retried %d, recovered %d (recovery rate %.2f%% of ok), upstreams %v\n", r.Retried, r.Recovered, 100*s.RecoveryRate, r.Upstreams)
+		fmt.Fprintf(w, "gateway: retried %d, recovered %d (recovery rate %.2f%% of ok)\n", r.Retried, r.Recovered, 100*s.RecoveryRate)
+	}
+	if len(r.Upstreams) > 0 {
+		fmt.Fprintf(w, "upstreams: %s\n", formatCounts(r.Upstreams))
 	}
 	if r.MarkersExpected > 0 {
 		fmt.Fprintf(w, "context fidelity %.2f%% (%d of %d markers)\n", 100*s.ContextFidelity, r.MarkersFound, r.MarkersExpected)
@@ -43,11 +48,7 @@ func PrintSummary(w io.Writer, r *Report) {
 	}
 	_ = tw.Flush()
 	if len(r.Errors) > 0 {
-		fmt.Fprint(w, "errors:")
-		for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
-			fmt.Fprintf(w, " %s=%d", k, r.Errors[k])
-		}
-		fmt.Fprintln(w)
+		fmt.Fprintf(w, "errors: %s\n", formatCounts(r.Errors))
 		for _, e := range r.Samples {
 			fmt.Fprintf(w, "  %dx %s %d: %s\n", e.Count, e.Class, e.Status, e.Message)
 		}
@@ -55,6 +56,32 @@ func PrintSummary(w io.Writer, r *Report) {
 	if lag, ok := s.Latency[HLag]; ok {
 		fmt.Fprintf(w, "scheduling lag p50 %.3f ms p99 %.3f ms max %.3f ms\n", lag.P50, lag.P99, lag.Max)
 	}
+}
+
+// byCount returns m's keys, the largest count first and equal counts by name.
+func byCount(m map[string]int64) []string {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b string) int {
+		if c := cmp.Compare(m[b], m[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	return keys
+}
+
+// formatCounts formats counts by name for people, in byCount's order: "default 297, fallback 3"
+// ("none" when m is empty). Every count the text output prints (upstreams, error classes)
+// goes through it, never a map's %v.
+func formatCounts(m map[string]int64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range byCount(m) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func sloString(s SLO) string {
