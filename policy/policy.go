@@ -27,6 +27,9 @@ type Request struct {
 	GrayFlag string      // value of the gray-flag header
 	Header   http.Header // the client's headers (read-only)
 	Arrival  time.Time   // when the gateway received the request
+	// ContextWindow is the context window the model server advertises for the request's
+	// model (vLLM's max_model_len on /v1/models), 0 when unknown.
+	ContextWindow int
 }
 
 // Decision is an Admitter's answer.

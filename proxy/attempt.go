@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
@@ -28,14 +30,14 @@ import (
 // in-band error event.
 func (h *Handler) forward(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, plan []policy.Candidate) result {
 	rtr := st.routers[rt.Index]
-	rtr.Budget().RecordRequest()
+	rtr.Budgets().RecordRequest()
 	replayable := ex.preq.Body != nil || ex.r.Body == nil || ex.r.Body == http.NoBody
 	ex.capture = rtr.Resume() && ex.preq.Kind == openai.KindChat && ex.preq.Stream && ex.preq.N <= 1
 	var res result
 	attempts := 0
 	for ci := 0; ci < len(plan); ci++ {
 		cand := plan[ci]
-		cond := h.tryCandidate(ctx, ex, st, rt, rtr, cand, &res, &attempts)
+		cond := h.tryCandidate(ctx, ex, st, rt, rtr, cand, ci > 0, &res, &attempts)
 		if ctx.Err() != nil || !replayable || cond == "" || !route.Moves(cand, cond) || ci+1 == len(plan) {
 			break
 		}
@@ -46,9 +48,12 @@ func (h *Handler) forward(ctx context.Context, ex *exchange, st *state, rt *conf
 	return h.settlePending(ex, res)
 }
 
-// tryCandidate runs the attempts on one candidate. It returns the condition of the last
-// failure ("" when it succeeded, failed for good, or the budget allows no more attempts).
-func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate, res *result, attempts *int) string {
+// tryCandidate runs the attempts on one candidate (fallback: it is not the plan's first). It
+// returns the condition of the last failure ("" when it succeeded, failed for good, or a
+// budget allows no more attempts). The first attempt on a fallback spends the fallback
+// budget of its cluster, every further attempt on a candidate the retry budget of its
+// cluster.
+func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate, fallback bool, res *result, attempts *int) string {
 	cl := st.clusters[cand.Cluster]
 	if cl == nil {
 		*res = failure(classError(classNoEndpoint, time.Second))
@@ -64,7 +69,7 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 			res.cluster = cand.Cluster
 			return policy.CondBreakerOpen
 		}
-		ep, err := cl.PickFor(prev, upstream.Hint{PrefixHash: ex.preq.PrefixHash, PrefixLen: ex.preq.PrefixLen})
+		ep, err := cl.PickFor(prev, upstream.Hint{PrefixHash: ex.preq.PrefixHash, PrefixLen: ex.preq.PrefixLen, Home: ex.home})
 		if err != nil {
 			done(false, true)
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, classNoEndpoint)
@@ -72,8 +77,8 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 			res.cluster = cand.Cluster
 			return policy.CondNoEndpoint
 		}
-		if *attempts > 0 && !rtr.Budget().TryRetry() {
-			// The retry budget is spent: no new upstream request; the last answer stands.
+		if !h.spend(ctx, ex, rt, rtr, cand.Cluster, try, fallback) {
+			// The budget is spent: no new upstream request; the last answer stands.
 			done(false, true)
 			return ""
 		}
@@ -96,7 +101,7 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 			res.inband, res.err, res.pending = res.err, nil, nil
 		}
 		if ex.committed {
-			if res.inband != nil && (res.class == classStreamCut || res.class == classIdleTimeout) {
+			if res.inband != nil && (res.class == classStreamCut || res.class == classIdleTimeout || res.class == classStreamError) {
 				return policy.CondStreamCut
 			}
 			return ""
@@ -124,10 +129,54 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 	}
 }
 
+// budgetLogEvery bounds the log of a route's budget refusals to one line per kind and interval.
+const budgetLogEvery = 10 * time.Second
+
+// spend records the attempt number try on cluster in the route's budgets: the first attempt
+// of the plan is a send, the first on a fallback spends the cluster's fallback budget, the
+// others its retry budget. When the budget refuses, the refusal is said in a response header
+// (if the client has none yet) and logged at most once per budgetLogEvery; the counter is
+// the budgets' own (sluice_retry_budget_exhausted_total).
+func (h *Handler) spend(ctx context.Context, ex *exchange, rt *config.CompiledRoute, rtr *route.Router, cluster string, try int, fallback bool) bool {
+	b := rtr.Budgets()
+	kind := route.KindRetry
+	switch {
+	case try == 0 && !fallback:
+		b.RecordSend(cluster)
+		return true
+	case try == 0:
+		if b.TryFallback(cluster) {
+			return true
+		}
+		kind = route.KindFallback
+	default:
+		if b.TryRetry(cluster) {
+			return true
+		}
+	}
+	if !ex.committed {
+		ex.w.Header().Set("X-Sluice-Budget-Exhausted", kind)
+	}
+	if n, due := b.LogDue(kind, budgetLogEvery); due {
+		h.srv.log.LogAttrs(ctx, slog.LevelWarn, "retry budget exhausted: an attempt was refused",
+			slog.String("route", rt.Name), slog.String("kind", kind), slog.String("cluster", cluster),
+			slog.Int64("refused_since_last_log", n), slog.String("request_id", ex.id))
+	}
+	return false
+}
+
 // prepareResume turns the request into the continuation of the stream cut so far: the text
 // the client already has becomes an assistant prefix that the next candidate continues.
 func (h *Handler) prepareResume(ex *exchange, res *result) bool {
 	if !ex.capture || res.inband == nil {
+		return false
+	}
+	if why := ex.streamed.Unresumable; why != "" {
+		// A continuation would restart or garble what the client already has (a tool call
+		// half sent gets a second id and arguments that no longer parse): the stream ends
+		// with its in-band error instead.
+		h.srv.log.Info("not resuming a cut stream: a continuation cannot carry what was sent", "request_id", ex.id,
+			"cluster", res.cluster, "class", res.class, "sent", why)
 		return false
 	}
 	left := 0
@@ -137,11 +186,12 @@ func (h *Handler) prepareResume(ex *exchange, res *result) bool {
 			return false
 		}
 	}
-	body, err := openai.ContinuationBody(ex.preq.Body, string(ex.streamed), left)
+	body, err := openai.ContinuationBody(ex.preq.Body, string(ex.streamed.Text), left)
 	if err != nil {
 		return false
 	}
 	ex.body = body
+	res.upstreamErr = nil // the continuation replaces the server's error
 	tap := res.tap
 	ex.carryTap = &tap
 	h.srv.log.Info("resuming a cut stream on the next candidate", "request_id", ex.id,
@@ -173,9 +223,17 @@ func (h *Handler) settlePending(ex *exchange, res result) result {
 		res.err = nil
 	}
 	if res.inband != nil && ex.committed {
-		_, _ = ex.w.Write(res.inband.SSE())
+		ev := res.upstreamErr // the model server's own words, once
+		switch {
+		case ev != nil:
+		case ex.preq.Kind == openai.KindResponses:
+			ev = res.inband.ResponsesSSE(res.tap.Seq)
+		default:
+			ev = res.inband.SSE()
+		}
+		_, _ = ex.w.Write(ev)
 		ex.flush()
-		res.inband = nil
+		res.inband, res.upstreamErr = nil, nil
 	}
 	return res
 }
@@ -218,7 +276,16 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		actx = upstream.WithConnectTimeout(actx, lim.connect) // the route's own, else the cluster's pool default
 	}
 	actx, span := h.srv.tel.StartClient(actx, ex.preq.Kind.Operation(), ex.preq.Model, cand.Cluster, res.endpoint, n)
-	defer span.End()
+	defer func() {
+		// The attempt's own outcome: a failed attempt's span says why (error.type, status).
+		telemetry.SetGenAIResult(span, telemetry.RequestRecord{
+			Operation: ex.preq.Kind.Operation(), ResponseModel: res.model, Stream: ex.preq.Stream,
+			Status: res.status, ErrorClass: res.class, TTFT: res.tap.TTFT(),
+			InputTokens: res.tap.Usage.PromptTokens, OutputTokens: res.tap.Tokens,
+			FinishReason: res.tap.FinishReason, ResponseID: res.tap.ID,
+		})
+		span.End()
+	}()
 
 	out, err := h.outbound(actx, ex, cand, cl, ep, &res)
 	if err != nil {

@@ -133,7 +133,7 @@ func benchChatBody(stream bool, maxTokens int) []byte {
 // the "http" scheme, so every upstream request (health checks included) goes to it.
 func newBenchServer(b *testing.B, upstreamURL string, upstream http.RoundTripper) *Server {
 	b.Helper()
-	cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{upstreamURL})
+	cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{upstreamURL}, "")
 	if err != nil {
 		b.Fatal(err)
 	}

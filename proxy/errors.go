@@ -21,6 +21,7 @@ const (
 	classUpstream429   = "upstream_429"    // the model server answered 429
 	classUpstream4xx   = "upstream_4xx"    // the model server answered another 4xx
 	classStreamCut     = "stream_cut"      // the stream broke after it started
+	classStreamError   = "stream_error"    // the model server reported an error in the stream, after it started
 	classEmptyResponse = "upstream_empty"  // the upstream closed before sending anything
 	classShutdown      = "shutdown"        // the gateway's drain deadline passed
 	classUpstreamError = "upstream_error"  // the upstream's answer could not be relayed

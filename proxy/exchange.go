@@ -31,14 +31,15 @@ type exchange struct {
 	outcome      policy.Outcome
 
 	// Resuming a cut stream (route resume: true, chat only).
-	capture  bool        // collect the streamed text
-	streamed []byte      // the text relayed so far
-	body     []byte      // when set, sent instead of the request's body (a continuation)
-	carryTap *openai.Tap // the cut attempt's tap, continued by the resumed one
+	capture  bool              // collect the streamed text
+	streamed openai.StreamText // what was relayed so far, and whether a continuation can carry it
+	body     []byte            // when set, sent instead of the request's body (a continuation)
+	carryTap *openai.Tap       // the cut attempt's tap, continued by the resumed one
 
 	inj      *fault.Injection // chaos faults of this request, nil when none
 	mirror   *mirrorJob       // the request's mirrored copy, nil when not mirrored
 	streamID []byte           // the first stream's chunk id (raw JSON), kept by the resumed one
+	home     string           // the endpoint holding the stored answer the request refers to ("": none)
 }
 
 func newExchange(w http.ResponseWriter, r *http.Request) *exchange {
@@ -85,18 +86,21 @@ func (ex *exchange) flush() {
 
 // result is what an attempt (and then the whole forward loop) ended with.
 type result struct {
-	status    int
-	class     string        // error class, "" on success
-	err       *openai.Error // what the client gets if nothing was committed
-	pending   *pending      // a complete upstream answer not yet written (relayed unless retried)
-	inband    *openai.Error // a stream broke after it started: the in-band error to send
-	retryable bool          // failed before anything reached the client
-	cluster   string
-	endpoint  string
-	model     string
-	attempts  int
-	tap       openai.Tap
-	wait      time.Duration // time waiting on the network (upstream reads, client writes)
+	status  int
+	class   string        // error class, "" on success
+	err     *openai.Error // what the client gets if nothing was committed
+	pending *pending      // a complete upstream answer not yet written (relayed unless retried)
+	inband  *openai.Error // a stream broke after it started: the in-band error to send
+	// upstreamErr is the model server's own in-stream error event (raw), sent instead of
+	// inband's rendering when the stream is not resumed.
+	upstreamErr []byte
+	retryable   bool // failed before anything reached the client
+	cluster     string
+	endpoint    string
+	model       string
+	attempts    int
+	tap         openai.Tap
+	wait        time.Duration // time waiting on the network (upstream reads, client writes)
 }
 
 // pending is a buffered upstream answer.

@@ -54,15 +54,34 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		preq.Tenant, _ = st.tenants.Identify(r.Header)
 	}
 	ex.preq = preq
+	if req.Model == "" && kind.HasModel() {
+		// vLLM serves its default model to a request that names none: so does a route
+		// that serves one.
+		if e := h.fillModel(ctx, st, r, req); e != nil {
+			h.finish(ctx, ex, st, nil, span, failure(e))
+			return
+		}
+	}
 
 	// 3. match: the first route whose path prefix, model and headers match.
 	rt := st.snap.Route(r.URL.Path, req.Model, r.Header)
 	if rt == nil {
+		if kind == openai.KindModels && (st.tenants == nil || preq.Tenant != "") {
+			// The model list is Sluice's own, over every route and cluster.
+			res, _ := h.serveModels(ctx, ex, st, false)
+			h.finish(ctx, ex, st, nil, span, res)
+			return
+		}
 		h.finish(ctx, ex, st, nil, span, failure(openai.NewError(http.StatusNotFound,
 			"invalid_request_error", "no_route", "no route matches "+r.Method+" "+r.URL.Path+modelSuffix(req.Model))))
 		return
 	}
 	preq.Route = rt.Name
+	preq.ContextWindow = st.contextWindow(rt, req.Model)
+	telemetry.SetServerRequest(span, telemetry.ServerRequest{
+		Method: r.Method, Route: rt.Name, Operation: kind.Operation(), Model: req.Model,
+		MaxTokens: req.MaxTokens, Temperature: req.Temperature, Seed: req.Seed,
+	})
 	tel.InFlight(ctx, rt.Name, 1)
 	defer tel.InFlight(ctx, rt.Name, -1)
 
@@ -87,11 +106,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.finish(ctx, ex, st, rt, span, failure(adm.reject))
 		return
 	}
+	if kind == openai.KindModels {
+		if res, handled := h.serveModels(ctx, ex, st, true); handled {
+			h.finish(ctx, ex, st, rt, span, res)
+			return
+		}
+	}
 
 	// 5. plan: the ordered candidates (primary, then fallbacks), or where a policy rerouted.
 	plan := st.plan(ctx, rt, preq)
 	if adm.reroute != "" {
 		plan = []policy.Candidate{{Cluster: adm.reroute}}
+	}
+	// A follow-up of a stored Responses answer goes where the answer lives.
+	if p, ep, ok := st.homePlan(h.srv.homes, preq, r.URL.Path, plan); ok {
+		plan, ex.home = p, ep
 	}
 
 	// 6. mirror: a copy to the route's sandbox when the session is sampled (never waits).
@@ -127,15 +156,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.finish(ctx, ex, st, rt, span, res)
 }
 
-// parse reads and parses the body of the four OpenAI endpoints; other /v1/ paths pass through.
+// parse reads and parses the body of the OpenAI endpoints that carry a model (chat,
+// completions, embeddings, responses); other /v1/ paths pass through.
 func (h *Handler) parse(r *http.Request, kind openai.Kind, st *state) (*openai.Request, *openai.Error) {
 	if !isAPIPath(r.URL.Path) {
 		return nil, openai.NewError(http.StatusNotFound, "invalid_request_error", "unknown_url",
 			"unknown path "+r.URL.Path+": Sluice serves the OpenAI API under /v1/")
 	}
-	switch kind {
-	case openai.KindChat, openai.KindCompletion, openai.KindEmbedding:
-	default:
+	if !kind.HasModel() {
 		return &openai.Request{Kind: kind}, nil
 	}
 	body, err := openai.ReadBody(r.Body, int64(st.snap.Config.MaxBodyBytes))
@@ -261,15 +289,22 @@ func (h *Handler) admit(ctx context.Context, st *state, ex *exchange, r *policy.
 	return a
 }
 
-// capMaxTokens lowers the request's output budget (staged degradation), rewriting the body.
+// capMaxTokens lowers the request's output budget (staged degradation), rewriting the body
+// (max_tokens, and max_completion_tokens when present; max_output_tokens for the Responses API).
 func capMaxTokens(r *policy.Request, limit int) *openai.Error {
 	if r.Body == nil || (r.MaxTokens > 0 && r.MaxTokens <= limit) {
 		return nil
 	}
 	v := []byte(strconv.Itoa(limit))
-	body, err := openai.SetField(r.Body, "max_tokens", v)
-	if err == nil && bytes.Contains(body, []byte(`"max_completion_tokens"`)) {
-		body, err = openai.SetField(body, "max_completion_tokens", v)
+	var body []byte
+	var err error
+	if r.Kind == openai.KindResponses {
+		body, err = openai.SetField(r.Body, "max_output_tokens", v)
+	} else {
+		body, err = openai.SetField(r.Body, "max_tokens", v)
+		if err == nil && bytes.Contains(body, []byte(`"max_completion_tokens"`)) {
+			body, err = openai.SetField(body, "max_completion_tokens", v)
+		}
 	}
 	if err != nil {
 		return openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error())
@@ -302,6 +337,9 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 		out.InputTokens = ex.preq.PromptTokens
 	}
 	ex.outcome = out
+	if ex.preq != nil && res.status == http.StatusOK && res.tap.ID != "" && res.cluster != "" && stores(ex.preq) {
+		h.srv.homes.put(res.tap.ID, home{cluster: res.cluster, endpoint: res.endpoint})
+	}
 	if ex.preq != nil && rt != nil {
 		for _, o := range st.observers[ex.preq.Route] {
 			o.Observe(ctx, ex.preq, out)
@@ -311,7 +349,8 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 		Cluster: res.cluster, Endpoint: res.endpoint, Status: out.Status, ErrorClass: out.ErrorClass,
 		Duration: dur, TTFT: out.TTFT, TPOT: out.TPOT, InputTokens: out.InputTokens,
 		OutputTokens: out.OutputTokens, Attempts: res.attempts,
-		Overhead: max(0, dur-res.wait),
+		Overhead:     max(0, dur-res.wait),
+		FinishReason: res.tap.FinishReason, ResponseID: res.tap.ID,
 	}
 	if ex.preq != nil {
 		rec.Route = ex.preq.Route

@@ -244,7 +244,7 @@ func (mr *mirrorRoute) halter() func() {
 // primaryDone.
 func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *http.Request, ex *exchange, plan []policy.Candidate) *mirrorJob {
 	m := rt.Mirror
-	if m == nil || (preq.Kind != openai.KindChat && preq.Kind != openai.KindCompletion) || preq.Body == nil {
+	if m == nil || !mirrorable(preq) {
 		return nil
 	}
 	if len(plan) > 0 && plan[0].Cluster == m.Cluster {
@@ -284,6 +284,22 @@ func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *ht
 	}
 	ex.mirror = j
 	return j
+}
+
+// mirrorable reports whether a request can be compared on a sandbox: chat, completions and
+// Responses requests with a body, but not a Responses request that continues a response the
+// primary stored (previous_response_id: the sandbox has no such response) or runs in the
+// background (its answer is polled for later).
+func mirrorable(preq *policy.Request) bool {
+	switch {
+	case preq.Body == nil:
+		return false
+	case preq.Kind == openai.KindChat, preq.Kind == openai.KindCompletion:
+		return true
+	case preq.Kind == openai.KindResponses:
+		return preq.PreviousResponseID == "" && !preq.Background
+	}
+	return false
 }
 
 // mirrorHeader is the copy's headers: the client's without hop-by-hop headers, anything
@@ -468,6 +484,12 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	body := j.preq.Body
 	if model != "" && model != j.preq.Model {
 		if body, err = openai.SetModel(body, model); err != nil {
+			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}
+		}
+	}
+	if j.preq.Kind == openai.KindResponses {
+		// A copy leaves nothing behind: the server stores no response for it.
+		if body, err = openai.SetField(body, "store", []byte("false")); err != nil {
 			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}
 		}
 	}

@@ -193,8 +193,19 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
+	exhausted, err := m.Int64ObservableCounter("sluice.retry_budget.exhausted",
+		metric.WithDescription("Extra attempts a retry or fallback budget refused, by route and kind (retry: same cluster, fallback: another cluster)"))
+	if err != nil {
+		return nil, err
+	}
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := s.state.Load()
+		for i, rtr := range st.routers {
+			ra := attribute.String("route", st.snap.Routes[i].Name)
+			for _, kind := range []string{route.KindRetry, route.KindFallback} {
+				o.ObserveInt64(exhausted, rtr.Budgets().Exhausted(kind), metric.WithAttributes(ra, attribute.String("kind", kind)))
+			}
+		}
 		for _, c := range st.concurrencyLimiters() {
 			cs := c.Stats()
 			route := attribute.String("route", c.route)
@@ -224,7 +235,7 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			}
 		}
 		return nil
-	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej)
+	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej, exhausted)
 }
 
 func sortedKeys(m map[string]uint64) []string {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -21,11 +22,43 @@ const maxBufferedBody = 32 << 20
 // stream's first event; past it they are dropped.
 const maxHeldBeforeFirstEvent = 16 << 10
 
+// maxHeldPreamble bounds the Responses preamble events held back until the first token; past
+// it the stream is relayed (committed) as it comes.
+const maxHeldPreamble = 1 << 20
+
+// responsesTerminal reports whether an event (by its name) ends a Responses stream.
+func responsesTerminal(name []byte) bool {
+	switch string(name) {
+	case "response.completed", "response.incomplete", "response.failed":
+		return true
+	}
+	return false
+}
+
+// responsesPreamble reports whether an event (by its name) is a Responses stream's preamble:
+// it says the response exists, not that the model produced anything.
+func responsesPreamble(name []byte) bool {
+	switch n := string(name); n {
+	case "response.created", "response.in_progress", "response.queued":
+		return true
+	default:
+		return strings.HasPrefix(n, "response.") && strings.HasSuffix(n, ".added")
+	}
+}
+
 // relayStream relays an SSE answer event by event, flushing as soon as no further event is
 // already buffered (so each event reaches the client the moment it arrived). The first event is read
 // before anything is sent to the client, so a failure up to then can still be retried. After
 // that, a failure leaves res.inband: the forward loop resumes the stream on the next candidate
 // (resume: true) or ends it with that in-band SSE error event.
+//
+// An error the model server reports in the stream (an `error` event, or a chunk with an
+// "error" object, as vLLM sends one) is not relayed as it arrives: as the first event it
+// becomes the request's error answer (an HTTP status, retried like any upstream error); later
+// it ends the relay and is the one in-band error the client gets (never followed by a second
+// of Sluice's own), unless the stream is resumed elsewhere. A stream whose every choice
+// reported its finish_reason is complete even if the connection breaks before [DONE]: the
+// client gets the [DONE] it expects.
 func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
 	rd := openai.NewReader(resp.Body, int(h.srv.state.Load().snap.Config.MaxEventBytes))
 	tap := &res.tap
@@ -34,10 +67,13 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	ev, err := rd.Next()
 	// Comments and blank lines before the first event with data (keep-alives of a server
 	// still queueing the request) are not the first byte: they neither end the TTFT phase
-	// nor commit the answer. They are held (bounded) and sent ahead of the first event.
+	// nor commit the answer. They are held (bounded) and sent ahead of the first event. So is
+	// a Responses stream's preamble (response.created, response.in_progress, the first
+	// …added events), which a server sends before it has run the request at all: a failure
+	// up to the first token can still move to the next candidate.
 	var held []byte
-	for err == nil && ev.Data == nil {
-		if len(held)+len(ev.Raw) <= maxHeldBeforeFirstEvent {
+	for err == nil && (ev.Data == nil || (responsesPreamble(ev.Name) && wellFormed(ev) && len(held)+len(ev.Raw) <= maxHeldPreamble)) {
+		if len(held)+len(ev.Raw) <= maxHeldBeforeFirstEvent || ev.Data != nil {
 			held = append(held, ev.Raw...)
 		}
 		ev, err = rd.Next()
@@ -56,25 +92,35 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	// before the first token (the role chunk) are not relayed.
 	resumed := ex.committed
 	skip := resumed
-	if !skip {
-		ex.commit(resp.StatusCode, resp.Header, res)
-	}
 	res.status = resp.StatusCode
-	if len(held) > 0 && !skip {
-		if _, werr := ex.w.Write(held); werr != nil {
-			cancel(errClientWrite)
-			res.class, res.status = classClientCancel, statusClientClosed
-			return
-		}
-	}
 	for {
-		tokens := tap.TokenEvents
+		tokens, errored := tap.TokenEvents, tap.ErrorSeen
 		tap.Observe(ev, t1)
+		if tap.ErrorSeen && !errored {
+			if !ex.committed {
+				// The model server's first word is an error: answer it as one.
+				streamErrorAnswer(ev, ep, res)
+				return
+			}
+			res.upstreamErr = append([]byte(nil), ev.Raw...)
+			err = errUpstreamStreamError
+			break
+		}
+		if !ex.committed {
+			ex.commit(resp.StatusCode, resp.Header, res)
+			if len(held) > 0 {
+				if _, werr := ex.w.Write(held); werr != nil {
+					cancel(errClientWrite)
+					res.class, res.status = classClientCancel, statusClientClosed
+					return
+				}
+			}
+		}
 		if skip && tap.TokenEvents > tokens {
 			skip = false
 		}
 		if ex.capture {
-			ex.streamed = openai.AppendChatContent(ex.streamed, ev.Data)
+			ex.streamed.Add(ev.Data)
 			if !resumed && ex.streamID == nil {
 				ex.streamID = chunkID(ev.Data)
 			}
@@ -110,7 +156,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		if err != nil {
 			break
 		}
-		if ev.IsDone() && (wd.idle <= 0 || wd.idle > time.Second) {
+		if (ev.IsDone() || responsesTerminal(ev.Name)) && (wd.idle <= 0 || wd.idle > time.Second) {
 			// Only the end of the body should follow; do not wait long for it.
 			wd.idle = time.Second
 		}
@@ -120,22 +166,32 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		ep.Report(true)
 		return
 	}
-	// The stream broke after it started: say so in-band, never hang or end silently.
 	class := classStreamCut
 	if ctx.Err() != nil {
 		class = causeClass(ctx)
 	}
-	res.class = class
 	if class == classClientCancel {
-		res.status = statusClientClosed
+		res.class, res.status = class, statusClientClosed
 		return
 	}
+	if !errors.Is(err, errUpstreamStreamError) && finished(tap, ex.preq.Request) {
+		// Every choice finished: the answer is whole, only its end marker was lost.
+		h.endFinishedStream(ex, tap, ep, res)
+		return
+	}
+	// The stream broke after it started: say so in-band, never hang or end silently.
+	res.class = class
 	var e *openai.Error
-	if class == classStreamCut && errors.Is(err, openai.ErrEventTooLarge) {
+	switch {
+	case errors.Is(err, errUpstreamStreamError):
+		ep.Report(false)
+		res.class = classStreamError
+		e = openai.NewError(http.StatusBadGateway, "server_error", classStreamError, "the model server reported an error in the stream")
+	case class == classStreamCut && errors.Is(err, openai.ErrEventTooLarge):
 		// The gateway's own bound, not an endpoint failure: do not report it.
 		e = eventTooLarge(err)
 		res.class = classUpstreamError
-	} else {
+	default:
 		if class == classStreamCut || class == classIdleTimeout {
 			ep.Report(false)
 		}
@@ -147,6 +203,56 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	// The forward loop either resumes the stream elsewhere or sends this in-band.
 	res.inband = e
 }
+
+// finished reports whether every choice of a chat or completions stream reported its finish
+// reason (a Responses stream ends with its terminal event, which sets Done).
+func finished(tap *openai.Tap, req *openai.Request) bool {
+	if req == nil || (req.Kind != openai.KindChat && req.Kind != openai.KindCompletion) {
+		return false
+	}
+	return tap.Finished > 0 && tap.Finished >= max(req.N, 1)
+}
+
+// doneEvent is the end marker of a chat or completions stream.
+var doneEvent = []byte("data: [DONE]\n\n")
+
+// endFinishedStream ends a stream whose answer is complete but whose [DONE] was lost: the
+// client gets it, and the attempt counts as a success.
+func (h *Handler) endFinishedStream(ex *exchange, tap *openai.Tap, ep *upstream.Endpoint, res *result) {
+	if _, err := ex.w.Write(doneEvent); err != nil {
+		res.class, res.status = classClientCancel, statusClientClosed
+		return
+	}
+	ex.flush()
+	if ex.mirror != nil {
+		ex.mirror.capture.add(doneEvent)
+	}
+	tap.Done = true
+	tap.Events++
+	ep.Report(true)
+}
+
+// streamErrorAnswer turns a stream whose first event is the model server's error into that
+// error as a plain answer: the status its code names (else 502) and an OpenAI error body,
+// which the forward loop retries or relays like any upstream error answer.
+func streamErrorAnswer(ev openai.Event, ep *upstream.Endpoint, res *result) {
+	status, body := openai.StreamErrorBody(ev.Data)
+	res.status = status
+	res.pending = &pending{status: status, header: http.Header{"Content-Type": {"application/json"}}, body: body}
+	switch {
+	case status >= 500:
+		ep.Report(false)
+		res.class, res.retryable = classUpstream5xx, true
+	case status == http.StatusTooManyRequests:
+		res.class, res.retryable = classUpstream429, true
+	default:
+		ep.Report(true)
+		res.class = classUpstream4xx
+	}
+}
+
+// errUpstreamStreamError: the model server reported an error in the stream.
+var errUpstreamStreamError = errors.New("the model server reported an error in the stream")
 
 // errMalformedEvent: the model server sent a data event that is not JSON (nor [DONE]).
 var errMalformedEvent = errors.New("the model server sent a malformed stream chunk")

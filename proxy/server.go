@@ -49,10 +49,11 @@ type Options struct {
 
 // Server runs the gateway listener and the admin listener.
 type Server struct {
-	opts  Options
-	log   *slog.Logger
-	tel   *telemetry.Telemetry
-	state atomic.Pointer[state]
+	opts    Options
+	created time.Time // when New ran: the "created" of the models Sluice lists itself
+	log     *slog.Logger
+	tel     *telemetry.Telemetry
+	state   atomic.Pointer[state]
 
 	reloadMu sync.Mutex
 	draining atomic.Bool
@@ -86,6 +87,9 @@ type Server struct {
 	// chaos is the fault-injection engine (faults from the config, the admin API and the
 	// x-sluice-fault header); it lives across reloads.
 	chaos *fault.Engine
+
+	// homes remembers where stored Responses answers live; it lives across reloads.
+	homes *homes
 }
 
 // state is one immutable generation of the running config: the compiled routes and the live
@@ -100,6 +104,8 @@ type state struct {
 	policies  []*builtPolicy
 	batchers  []*batch.Batcher   // by route index; nil where the route does not batch
 	stop      context.CancelFunc // stops this generation's health checks
+	ctx       context.Context    // this generation's: its health checks run until stop
+	metrics   map[string]string  // endpoint URL → its metrics URL, for the scraper
 }
 
 // tenantResolver names the tenant of a request from its API key.
@@ -138,7 +144,7 @@ func New(opts Options) (*Server, error) {
 	if opts.WatchInterval == 0 {
 		opts.WatchInterval = time.Second
 	}
-	s := &Server{opts: opts, log: opts.Logger, tel: opts.Telemetry}
+	s := &Server{opts: opts, log: opts.Logger, tel: opts.Telemetry, created: time.Now(), homes: newHomes(maxHomes)}
 	if s.tel == nil {
 		tel, err := telemetry.New(context.Background(), telemetry.Options{ServiceVersion: opts.Version})
 		if err != nil {
@@ -168,6 +174,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.start(st)
 	s.state.Store(st)
 	s.tel.SetConfigInfo(opts.Config.Version)
 	if s.metricsReg, err = s.policyMetrics(s.tel.Meter()); err != nil {
@@ -189,7 +196,7 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// build turns a config into a running state, carrying endpoint state (health, ejections,
+// build turns a config into a state ready to start, carrying endpoint state (health, ejections,
 // in-flight counts) over from the previous one.
 func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 	st := &state{
@@ -203,6 +210,9 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 	metrics := map[string]string{}
 	for _, cc := range c.Clusters {
 		opts := clusterOptions(cc, c.Timeouts, s.log)
+		if c.Remote {
+			opts.TLS.CAFile = "" // each replica's own file: not here to read
+		}
 		for _, ep := range cc.Endpoints {
 			if ep.Metrics != "" {
 				metrics[ep.URL] = ep.Metrics
@@ -248,21 +258,44 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 	if len(problems) > 0 {
 		return fail(&config.ValidationError{Problems: problems})
 	}
-	kr, err := buildKeyring(c)
-	if err != nil {
-		return fail(err)
-	}
-	if kr != nil {
-		st.tenants = kr
+	if !c.Remote { // the tenants' keys of a config served to replicas are the replicas'
+		kr, err := buildKeyring(c)
+		if err != nil {
+			return fail(err)
+		}
+		if kr != nil {
+			st.tenants = kr
+		}
 	}
 	if err := s.buildPolicies(st, prev); err != nil {
 		return fail(err)
 	}
-	for _, cl := range st.clusters {
-		cl.Start(ctx)
-	}
-	s.scraper.Set(metrics)
+	st.ctx, st.metrics = ctx, metrics
 	return st, nil
+}
+
+// close retires a state: its health checks stop, its clusters close (their transports when
+// next no longer shares them), and its policies that next does not keep are closed (next
+// nil: all of them).
+func (st *state) close(next *state) {
+	st.stop()
+	for _, cl := range st.clusters {
+		cl.Close()
+	}
+	if next == nil {
+		next = &state{}
+	}
+	retire(st, next)
+}
+
+// start puts a built state to work: its clusters' health checks, and the load-signal scraper
+// pointed at its endpoints. Building a state has no such effect, so that checking a config
+// (Check) leaves the serving one alone.
+func (s *Server) start(st *state) {
+	for _, cl := range st.clusters {
+		cl.Start(st.ctx)
+	}
+	s.scraper.Set(st.metrics)
 }
 
 // loadSource gives endpoint picking the scraped model-server load.
@@ -284,6 +317,10 @@ func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logge
 	for _, ep := range cc.Endpoints {
 		o.Endpoints = append(o.Endpoints, upstream.EndpointSpec{URL: ep.URL, MetricsURL: ep.Metrics, Weight: ep.Weight})
 	}
+	if k := cc.APIKey.Reveal(); k != "" {
+		o.Authorization = "Bearer " + k
+	}
+	o.DiscoverModels = true
 	p := cc.Picking
 	o.Picking = upstream.Picking{Strategy: p.Strategy, InFlightWeight: p.InFlightWeight, WaitingWeight: p.WaitingWeight,
 		KVWeight: p.KVWeight, AffinityMaxLoad: p.AffinityMaxLoad, AffinityMinPrefix: p.AffinityMinPrefix, DisableAffinity: p.DisableAffinity}
@@ -292,6 +329,7 @@ func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logge
 			Path: cc.HealthCheck.Path, Interval: cc.HealthCheck.Interval.D(), Timeout: cc.HealthCheck.Timeout.D(),
 			UnhealthyThreshold: cc.HealthCheck.UnhealthyThreshold, HealthyThreshold: cc.HealthCheck.HealthyThreshold,
 		}
+
 	}
 	if !cc.Outlier.Disabled {
 		o.Outlier = upstream.Outlier{
@@ -463,6 +501,7 @@ func (s *Server) applyLocked(c *config.Config) error {
 	if err != nil {
 		return err
 	}
+	s.start(st)
 	oc := old.snap.Config
 	s.state.Store(st)
 	if !reflect.DeepEqual(c.Chaos.Faults, oc.Chaos.Faults) {
@@ -475,11 +514,7 @@ func (s *Server) applyLocked(c *config.Config) error {
 	if s.certs != nil {
 		s.certs.set(c.TLS.CertFile, c.TLS.KeyFile)
 	}
-	old.stop()
-	for _, cl := range old.clusters {
-		cl.Close()
-	}
-	retire(old, st)
+	old.close(st)
 	if s.started.Load() {
 		s.shadow.sync(c)
 	}
@@ -517,7 +552,8 @@ func restartProblems(c, oc *config.Config) error {
 
 // Check reports whether Apply would take c, without applying it: the restart rules, then a
 // build of every cluster and policy, torn down at once. A control plane's client checks
-// what it ACKs even when it does not apply it yet.
+// what it ACKs even when it does not apply it yet. It has no effect on the serving config:
+// no health check starts and the load-signal scraper keeps its endpoints.
 func (s *Server) Check(c *config.Config) error {
 	cc := *c
 	if s.opts.Chaos {
@@ -530,11 +566,24 @@ func (s *Server) Check(c *config.Config) error {
 	if err != nil {
 		return err
 	}
-	st.stop()
-	for _, cl := range st.clusters {
-		cl.Close()
+	st.close(nil)
+	return nil
+}
+
+// CheckConfig reports what a gateway would refuse in c past its validation (config.Finish):
+// every cluster, route and policy is built as New and Apply build them, and torn down at
+// once. Nothing starts, listens or is contacted. A config loaded for replicas
+// (config.LoadFileForReplicas) is checked without what only each replica has (its CA files,
+// its tenants' keys). `sluice check` runs it.
+func CheckConfig(c *config.Config) error {
+	s := &Server{log: slog.New(slog.DiscardHandler), scraper: &gpu.Scraper{}}
+	s.baseCtx, s.cancelBase = context.WithCancelCause(context.Background())
+	defer s.cancelBase(nil)
+	st, err := s.build(c, nil)
+	if err != nil {
+		return err
 	}
-	retire(st, &state{})
+	st.close(nil)
 	return nil
 }
 
@@ -594,11 +643,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.wg.Wait()
 	s.shadow.close()
 	st := s.state.Load()
-	st.stop()
-	for _, cl := range st.clusters {
-		cl.Close()
-	}
-	retire(st, &state{})
+	st.close(nil)
 	_ = s.metricsReg.Unregister()
 	_ = s.signalsReg.Unregister()
 	_ = s.chaosReg.Unregister()

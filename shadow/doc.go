@@ -24,7 +24,9 @@
 //     and the declared parameter schemas (santhosh-tekuri/jsonschema, no
 //     remote references; compiled once per distinct schema in a bounded
 //     [SchemaCache]). [AnswerFromChat] and [AnswerFromSSE] build answers
-//     from a chat completion body or a captured stream. [Accumulator]
+//     from a chat completion body or a captured stream, and from the
+//     Responses API's ([AnswerFromResponse] for its bodies);
+//     [RequestFromBody] reads chat and Responses requests. [Accumulator]
 //     windows PairResults and replica comparisons ([Accumulator.AddReplica],
 //     the noise floor) into the [Input] of [Evaluate]; it is goroutine-safe.
 //

@@ -31,6 +31,8 @@ var keptRequestFields = map[string]bool{
 	"stop_token_ids": true, "presence_penalty": true, "frequency_penalty": true, "repetition_penalty": true,
 	"logit_bias": true, "logprobs": true, "top_logprobs": true, "echo": true, "seed": true, "ignore_eos": true,
 	"skip_special_tokens": true, "include_stop_str_in_output": true, "dimensions": true, "encoding_format": true,
+	// the Responses API (previous_response_id is dropped: no replay target holds it)
+	"text": true, "max_output_tokens": true, "reasoning": true, "truncation": true, "max_tool_calls": true,
 	// vLLM structured outputs
 	"guided_json": true, "guided_regex": true, "guided_choice": true, "guided_grammar": true, "structured_outputs": true,
 }
@@ -115,7 +117,7 @@ func Redact(body []byte) []byte {
 
 // schemaFields are the top-level fields that hold JSON Schemas.
 var schemaFields = map[string]bool{"tools": true, "functions": true, "response_format": true, "guided_json": true,
-	"structured_outputs": true}
+	"structured_outputs": true, "text": true}
 
 // scrub masks secrets in strings and, with dropKeys, drops credential-named fields,
 // recursively.

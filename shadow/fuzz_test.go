@@ -14,8 +14,15 @@ func FuzzAnswerParsers(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"index":0,"text":"four"}]}`))
 	f.Add([]byte(`{"error":{"message":"x"}}`))
 	f.Add([]byte("data: {\"error\":1}\n\ndata: nope\n\n"))
+	// Responses API streams and bodies.
+	f.Add([]byte(vllmResponsesToolStream))
+	f.Add([]byte(responsesTextStream))
+	f.Add([]byte("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Su\"}\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"boom\",\"sequence_number\":2,\"error\":{\"message\":\"boom\"}}\n\n"))
+	f.Add([]byte("data: {\"type\":\"response.function_call_arguments.delta\",\"output_index\":3,\"delta\":\"{\"}\n\ndata: {\"type\":\"response.incomplete\",\"response\":{\"incomplete_details\":{\"reason\":\"max_output_tokens\"}}}\n\n"))
+	f.Add([]byte(`{"object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"{\"a\":1}"}]},{"type":"function_call","name":"f","arguments":"{}"}],"usage":{"output_tokens":3},"text":{"format":{"type":"json_schema","schema":{"type":"object"}}},"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]}`))
+	f.Add([]byte(`{"object":"response","status":"failed","error":{"code":"x","message":"y"},"output":[]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, parse := range []func([]byte) (Answer, error){AnswerFromSSE, AnswerFromChat} {
+		for _, parse := range []func([]byte) (Answer, error){AnswerFromSSE, AnswerFromChat, AnswerFromResponse} {
 			a, err := parse(b)
 			if err != nil {
 				continue
@@ -35,6 +42,7 @@ func FuzzRedact(f *testing.F) {
 	f.Add([]byte(`{"tools":[{"type":"function","function":{"name":"f","parameters":{"properties":{"password":{"type":"string"}}}}}]}`))
 	f.Add([]byte(`[1,2]`))
 	f.Add([]byte(`{"a":`))
+	f.Add([]byte(`{"model":"m","user":"alice","instructions":"key sk-abcdefghijklmnopqrstuv","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}],"tools":[{"type":"function","name":"f","parameters":{"properties":{"password":{"type":"string"}}}}],"text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"}}},"tool_choice":{"type":"function","name":"f"},"previous_response_id":"resp_1","metadata":{"a":1}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		out := Redact(b)
 		if out == nil {

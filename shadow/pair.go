@@ -415,6 +415,8 @@ type chatMessage struct {
 }
 
 type chatBody struct {
+	Object  string          `json:"object"` // "response" for a Responses API answer
+	Output  json.RawMessage `json:"output"` // Responses: the output items
 	Choices []struct {
 		Index        int         `json:"index"`
 		Message      chatMessage `json:"message"`
@@ -432,10 +434,16 @@ type chatBody struct {
 // the first choice's content, tool calls and finish_reason, and
 // usage.completion_tokens. Status and latencies are left for the caller. A
 // body with an "error" object gives ErrorClass "upstream_error".
+//
+// A Responses API body ({"object":"response",...}, or one with "output" and no
+// "choices") is read as by AnswerFromResponse.
 func AnswerFromChat(body []byte) (Answer, error) {
 	var b chatBody
 	if err := json.Unmarshal(body, &b); err != nil {
 		return Answer{}, fmt.Errorf("shadow: chat completion: %w", err)
+	}
+	if b.Object == "response" || (len(b.Output) > 0 && b.Choices == nil) {
+		return AnswerFromResponse(body)
 	}
 	var a Answer
 	if isError(b.Error) {
@@ -477,12 +485,26 @@ func isError(raw json.RawMessage) bool {
 // "data: [DONE]". An event with an "error" object gives ErrorClass
 // "stream_error". Status and latencies are left for the caller; an
 // undecodable event is an error.
+//
+// A Responses API stream (events whose data has a "type" of "response.*" or
+// "error") is assembled the same way: Text is the response.output_text.delta
+// deltas concatenated; each function call is named by its
+// response.output_item.added (or .done) item and its arguments are the
+// response.function_call_arguments.delta deltas joined (replaced by the
+// .done event's whole arguments, and by the done item's); the terminal event
+// (response.completed, response.incomplete) gives OutputTokens
+// (usage.output_tokens) and FinishReason (mapped to chat's as the gateway's
+// Tap maps it: "stop", "tool_calls", "length", "content_filter", or the
+// incomplete reason), and its output stands in for the text and calls when
+// no delta carried them. An "error" event or response.failed gives
+// ErrorClass "stream_error".
 func AnswerFromSSE(stream []byte) (Answer, error) {
 	var a Answer
 	var text strings.Builder
 	type frag struct{ name, args strings.Builder }
 	var calls []*frag
 	byIndex := map[int]*frag{}
+	var rs responsesStream
 	sc := bufio.NewScanner(bytes.NewReader(stream))
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	for sc.Scan() {
@@ -498,12 +520,18 @@ func AnswerFromSSE(stream []byte) (Answer, error) {
 		if data == "[DONE]" {
 			break
 		}
-		var b chatBody
+		var b streamEvent
 		if err := json.Unmarshal([]byte(data), &b); err != nil {
 			return Answer{}, fmt.Errorf("shadow: stream event: %w", err)
 		}
 		if isError(b.Error) {
 			a.ErrorClass = "stream_error"
+			continue
+		}
+		if b.Type == "error" || strings.HasPrefix(b.Type, "response.") {
+			if err := rs.event(&b); err != nil {
+				return Answer{}, fmt.Errorf("shadow: stream event %s: %w", b.Type, err)
+			}
 			continue
 		}
 		if b.Usage != nil && b.Usage.CompletionTokens > 0 {
@@ -540,11 +568,263 @@ func AnswerFromSSE(stream []byte) (Answer, error) {
 	if err := sc.Err(); err != nil {
 		return Answer{}, fmt.Errorf("shadow: stream: %w", err)
 	}
+	if rs.seen {
+		rs.answer(&a)
+		return a, nil
+	}
 	a.Text = text.String()
 	for _, f := range calls {
 		a.ToolCalls = append(a.ToolCalls, ToolCall{Name: f.name.String(), Arguments: f.args.String()})
 	}
 	return a, nil
+}
+
+// streamEvent is the data of a stream event: a chat chunk, or a Responses API event.
+type streamEvent struct {
+	chatBody
+	Type        string          `json:"type"`
+	Delta       json.RawMessage `json:"delta"`
+	ItemID      string          `json:"item_id"`
+	OutputIndex *int            `json:"output_index"`
+	Arguments   *string         `json:"arguments"` // response.function_call_arguments.done
+	Item        json.RawMessage `json:"item"`
+	Response    json.RawMessage `json:"response"`
+}
+
+// responsesItem is an item of a Responses API answer's output (or of an output_item event).
+type responsesItem struct {
+	Type      string `json:"type"`
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+	Content   []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content"`
+}
+
+// responsesBody is the part of a Responses API response object answers are built from.
+type responsesBody struct {
+	Status            string `json:"status"`
+	IncompleteDetails *struct {
+		Reason string `json:"reason"`
+	} `json:"incomplete_details"`
+	Output []json.RawMessage `json:"output"`
+	Usage  *struct {
+		OutputTokens int `json:"output_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// responsesFinishReason maps the end of a Responses answer to chat's finish_reason, as
+// the gateway's Tap does (openai.ResponsesFinishReason; the shadow tests check that they
+// agree): "completed" is "stop", or "tool_calls" with a function call in the output;
+// "incomplete" is "length" for max_output_tokens, "content_filter", another reason as it
+// is, or "incomplete"; other statuses have none.
+func responsesFinishReason(status, reason string, toolCall bool) string {
+	switch status {
+	case "completed":
+		if toolCall {
+			return "tool_calls"
+		}
+		return "stop"
+	case "incomplete":
+		switch reason {
+		case "max_output_tokens":
+			return "length"
+		case "content_filter":
+			return "content_filter"
+		case "":
+			return "incomplete"
+		}
+		return reason
+	}
+	return ""
+}
+
+// answer fills a from the response object: the text of its output_text parts, its function
+// calls, its usage and its finish. A failed response (or one with an error) gives
+// errorClass.
+func (r *responsesBody) answer(a *Answer, errorClass string) error {
+	if isError(r.Error) || r.Status == "failed" {
+		a.ErrorClass = errorClass
+	}
+	if r.Usage != nil {
+		a.OutputTokens = r.Usage.OutputTokens
+	}
+	var text strings.Builder
+	for _, raw := range r.Output {
+		var it responsesItem
+		if err := json.Unmarshal(raw, &it); err != nil {
+			var probe struct {
+				Type string `json:"type"`
+			}
+			if json.Unmarshal(raw, &probe) == nil && probe.Type != "message" && probe.Type != "function_call" {
+				continue // another kind of item, shaped otherwise
+			}
+			return fmt.Errorf("output item: %w", err)
+		}
+		switch it.Type {
+		case "message":
+			for _, p := range it.Content {
+				if p.Type == "output_text" {
+					text.WriteString(p.Text)
+				}
+			}
+		case "function_call":
+			a.ToolCalls = append(a.ToolCalls, ToolCall{Name: it.Name, Arguments: it.Arguments})
+		}
+	}
+	a.Text = text.String()
+	reason := ""
+	if r.IncompleteDetails != nil {
+		reason = r.IncompleteDetails.Reason
+	}
+	a.FinishReason = responsesFinishReason(r.Status, reason, len(a.ToolCalls) > 0)
+	return nil
+}
+
+// AnswerFromResponse builds an Answer from a non-streaming Responses API body
+// ({"object":"response","status",...,"output":[...],"usage":{...}}): Text is the
+// output_text parts of its message items, ToolCalls its function_call items, OutputTokens
+// usage.output_tokens, FinishReason its status mapped to chat's (see AnswerFromSSE). A
+// failed response, or one with an "error" object, gives ErrorClass "upstream_error".
+// Status and latencies are left for the caller.
+func AnswerFromResponse(body []byte) (Answer, error) {
+	var r responsesBody
+	if err := json.Unmarshal(body, &r); err != nil {
+		return Answer{}, fmt.Errorf("shadow: response: %w", err)
+	}
+	var a Answer
+	if err := r.answer(&a, "upstream_error"); err != nil {
+		return Answer{}, fmt.Errorf("shadow: response: %w", err)
+	}
+	if a.ErrorClass != "" {
+		return Answer{ErrorClass: a.ErrorClass}, nil
+	}
+	return a, nil
+}
+
+// responsesStream assembles a Responses API stream.
+type responsesStream struct {
+	seen  bool // a Responses event was seen
+	text  strings.Builder
+	calls []*responsesCall
+	byID  map[string]*responsesCall
+	byIdx map[int]*responsesCall
+	final *Answer // from the terminal event
+	err   bool    // an error event, or response.failed
+}
+
+type responsesCall struct {
+	name string
+	args strings.Builder
+}
+
+// call returns the function call an event is about (by item id, else output index),
+// creating it when create is set; nil when there is none.
+func (s *responsesStream) call(id string, idx *int, create bool) *responsesCall {
+	if c := s.byID[id]; id != "" && c != nil {
+		return c
+	}
+	if idx != nil {
+		if c := s.byIdx[*idx]; c != nil {
+			if id != "" {
+				s.byID[id] = c
+			}
+			return c
+		}
+	}
+	if !create {
+		return nil
+	}
+	c := &responsesCall{}
+	s.calls = append(s.calls, c)
+	if id != "" {
+		s.byID[id] = c
+	}
+	if idx != nil {
+		s.byIdx[*idx] = c
+	}
+	return c
+}
+
+func (s *responsesStream) event(e *streamEvent) error {
+	if !s.seen {
+		s.seen = true
+		s.byID, s.byIdx = map[string]*responsesCall{}, map[int]*responsesCall{}
+	}
+	delta := func() string {
+		var d string
+		if json.Unmarshal(e.Delta, &d) != nil {
+			return ""
+		}
+		return d
+	}
+	switch e.Type {
+	case "error", "response.failed":
+		s.err = true
+	case "response.output_text.delta":
+		s.text.WriteString(delta())
+	case "response.output_item.added", "response.output_item.done":
+		var it responsesItem
+		if json.Unmarshal(e.Item, &it) != nil || it.Type != "function_call" {
+			return nil // not a function call (or shaped like none)
+		}
+		if it.ID == "" {
+			it.ID = e.ItemID
+		}
+		c := s.call(it.ID, e.OutputIndex, true)
+		if it.Name != "" {
+			c.name = it.Name
+		}
+		if e.Type == "response.output_item.done" || it.Arguments != "" {
+			c.args.Reset()
+			c.args.WriteString(it.Arguments)
+		}
+	case "response.function_call_arguments.delta":
+		s.call(e.ItemID, e.OutputIndex, true).args.WriteString(delta())
+	case "response.function_call_arguments.done":
+		if e.Arguments != nil {
+			c := s.call(e.ItemID, e.OutputIndex, true)
+			c.args.Reset()
+			c.args.WriteString(*e.Arguments)
+		}
+	}
+	switch e.Type {
+	case "response.completed", "response.incomplete", "response.failed":
+		var r responsesBody
+		if err := json.Unmarshal(e.Response, &r); err != nil {
+			return err
+		}
+		r.Status = strings.TrimPrefix(e.Type, "response.") // the event's type says how it ended, as for the Tap
+		var f Answer
+		if err := r.answer(&f, "stream_error"); err != nil {
+			return err
+		}
+		s.final = &f
+	}
+	return nil
+}
+
+// answer fills a from the assembled stream.
+func (s *responsesStream) answer(a *Answer) {
+	a.Text = s.text.String()
+	for _, c := range s.calls {
+		a.ToolCalls = append(a.ToolCalls, ToolCall{Name: c.name, Arguments: c.args.String()})
+	}
+	if f := s.final; f != nil {
+		a.OutputTokens, a.FinishReason = f.OutputTokens, f.FinishReason
+		if a.Text == "" && len(a.ToolCalls) == 0 {
+			a.Text, a.ToolCalls = f.Text, f.ToolCalls
+		}
+		if f.ErrorClass != "" {
+			s.err = true
+		}
+	}
+	if s.err {
+		a.ErrorClass = "stream_error"
+	}
 }
 
 // DefaultWindow is the default number of pairs an Accumulator keeps.

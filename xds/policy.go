@@ -118,6 +118,10 @@ type ClusterPolicy struct {
 	MaxIdleConnsPerHost int             `yaml:"max_idle_conns_per_host,omitempty"`
 	// APIKeyEnv names the environment variable (on each replica) holding the cluster's API key.
 	APIKeyEnv string `yaml:"api_key_env,omitempty"`
+	// HealthPathAuto: the health check's path was left to Sluice's default (/health, else
+	// /v1/models for a server without one); the Envoy resource carries /health, which Envoy
+	// requires.
+	HealthPathAuto bool `yaml:"health_path_auto,omitempty"`
 }
 
 // ClusterTimeouts are a cluster's time-outs beyond connect_timeout.

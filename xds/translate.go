@@ -29,6 +29,7 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
 // Source is config.Config.Source of a config that came from a control plane.
@@ -319,8 +320,12 @@ func (t *translator) cluster(name string, in *clusterv3.Cluster, eds map[string]
 		if hc.GetHttpHealthCheck() == nil {
 			t.add(hat, "only http_health_check is supported")
 		}
+		path := hc.GetHttpHealthCheck().GetPath()
+		if cp.HealthPathAuto && path == upstream.AutoHealthPaths[0] {
+			path = "" // Sluice's default: /health, else /v1/models
+		}
 		out.HealthCheck = config.HealthCheck{
-			Path:     hc.GetHttpHealthCheck().GetPath(),
+			Path:     path,
 			Interval: dur(hc.GetInterval()), Timeout: dur(hc.GetTimeout()),
 			UnhealthyThreshold: u32(hc.GetUnhealthyThreshold()), HealthyThreshold: u32(hc.GetHealthyThreshold()),
 		}

@@ -6,6 +6,7 @@
 //	sluice load     the token-level load injector
 //	sluice gpu      print what this host's NVML reports
 //	sluice xds      serve a config file over xDS to replicas (`sluice serve --xds`)
+//	sluice check    load and validate config files, print every problem (like `nginx -t`)
 //	sluice version  print the version
 //
 // This file holds flags and wiring only.
@@ -41,6 +42,7 @@ func commands() []command {
 		{"shadow", "shadow traffic: the candidate's verdict report, and pairs exported for replay", runShadow},
 		{"gpu", "print what this host's NVML reports (and model-server load with --metrics)", runGPU},
 		{"xds", "serve a config file over xDS to a fleet of replicas (a small control plane)", runXDS},
+		{"check", "load and validate config files as serve would; print every problem with its line", runCheck},
 		{"version", "print the version", func(_ context.Context, args []string, stdout, _ io.Writer) error {
 			fs := flag.NewFlagSet("version", flag.ContinueOnError)
 			fs.Usage = func() { fmt.Fprintln(fs.Output(), "usage: sluice version\n\nPrints the version of this binary.") }
@@ -86,6 +88,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		case errors.Is(err, flag.ErrHelp):
 			return 0
+		case errors.As(err, new(usageError)):
+			fmt.Fprintf(stderr, "sluice %s: %v\n", c.name, err)
+			return 2
 		default:
 			fmt.Fprintf(stderr, "sluice %s: %v\n", c.name, err)
 			return 1

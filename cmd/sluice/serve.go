@@ -29,6 +29,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		upstreams stringList
 		listen    = fs.String("listen", config.DefaultListen, "gateway listen address (with --upstream)")
 		admin     = fs.String("admin", config.DefaultAdminListen, "admin listen address: /healthz, /readyz, /metrics, /admin/* (with --upstream)")
+		hcPath    = fs.String("health-path", "", "health-check path of the --upstream endpoints (default: /health, and /v1/models for servers without it)")
 		logLevel  = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		chaos     = fs.Bool("chaos", false, "turn built-in fault injection on (faults from the config, PUT /admin/faults, or the x-sluice-fault header with the admin token)")
 		xdsAddr   = fs.String("xds", "", "follow an xDS control plane at host:port (ADS, delta xDS): clusters, endpoints, routes and policy come from it")
@@ -40,7 +41,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.Var(&upstreams, "upstream", "model server base URL, e.g. http://127.0.0.1:8000 (repeat for several endpoints of one cluster)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice serve --config FILE
-       sluice serve --upstream URL [--upstream URL ...] [--listen ADDR] [--admin ADDR]
+       sluice serve --upstream URL [--upstream URL ...] [--listen ADDR] [--admin ADDR] [--health-path PATH]
        sluice serve --xds HOST:PORT [--node-id ID] [--xds-sotw] [--xds-persist FILE] [--listen ADDR] [--admin ADDR]
        sluice serve --bootstrap FILE
 
@@ -85,7 +86,7 @@ Flags:
 	case *file != "":
 		cfg, err = config.LoadFile(*file)
 	case len(upstreams) > 0:
-		cfg, err = config.FromUpstreams(*listen, *admin, upstreams)
+		cfg, err = config.FromUpstreams(*listen, *admin, upstreams, *hcPath)
 	default:
 		fs.Usage()
 		return errors.New("--config or --upstream is required (or --xds/--bootstrap to follow a control plane)")

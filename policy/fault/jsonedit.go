@@ -367,9 +367,25 @@ func removeLeaf(dst, obj []byte, m member) ([]byte, bool) { return dst, true }
 
 var usagePath = []seg{{key: "usage"}}
 
+// responsesUsagePath is the usage of a Responses API terminal event (response.completed).
+var responsesUsagePath = []seg{{key: "response"}, {key: "usage"}}
+
+// isResponsesTerminal reports whether an event ends a Responses API stream (its stand-in for
+// chat's [DONE]).
+func isResponsesTerminal(name []byte) bool {
+	switch string(name) {
+	case "response.completed", "response.incomplete", "response.failed":
+		return true
+	}
+	return false
+}
+
 // dropUsage handles drop usage on one chunk: a chunk with a usage object and no choices is
 // dropped whole (drop true); a chunk that also has choices loses its usage field.
 func dropUsage(data []byte) (out []byte, drop, changed bool) {
+	if out, changed := editPath(data, responsesUsagePath, removeLeaf); changed {
+		return out, false, true // a Responses terminal event keeps its response, without usage
+	}
 	var buf [16]member
 	ms, ok := members(data, buf[:0])
 	if !ok {
@@ -418,12 +434,21 @@ var contentPaths = [][]seg{
 	{{key: "choices", each: true}, {key: "delta"}, {key: "content"}},
 	{{key: "choices", each: true}, {key: "message"}, {key: "content"}},
 	{{key: "choices", each: true}, {key: "text"}},
+	{{key: "output", each: true}, {key: "content", each: true}, {key: "text"}}, // a Responses body
 }
+
+// responsesDeltaPath is the text of a Responses API response.output_text.delta event.
+var responsesDeltaPath = [][]seg{{{key: "delta"}}}
 
 // corruptJSON replaces tokens of the content strings of data.
 func corruptJSON(data []byte, c *corrupter) ([]byte, bool) {
+	return corruptPaths(data, c, contentPaths)
+}
+
+// corruptPaths replaces tokens of the strings at paths of data.
+func corruptPaths(data []byte, c *corrupter, paths [][]seg) ([]byte, bool) {
 	changed := false
-	for _, p := range contentPaths {
+	for _, p := range paths {
 		nd, ch := editPath(data, p, func(dst, obj []byte, m member) ([]byte, bool) {
 			val := obj[m.valStart:m.end]
 			if len(val) < 3 || val[0] != '"' {

@@ -137,7 +137,7 @@ func (s *stream) step(ev openai.Event, dst []byte) (out []byte, wait time.Durati
 			}
 		case KindDrop:
 			if sp.Mode == DropDone {
-				if ev.IsDone() {
+				if ev.IsDone() || isResponsesTerminal(ev.Name) {
 					s.in.fire(st.a)
 					drop = true
 				}
@@ -153,7 +153,11 @@ func (s *stream) step(ev openai.Event, dst []byte) (out []byte, wait time.Durati
 				data, changed = d, true
 			}
 		case KindCorrupt:
-			if d, ch := corruptJSON(data, st.corrupt); ch {
+			paths := contentPaths
+			if string(ev.Name) == "response.output_text.delta" {
+				paths = responsesDeltaPath
+			}
+			if d, ch := corruptPaths(data, st.corrupt, paths); ch {
 				s.in.fire(st.a)
 				data, changed = d, true
 			}

@@ -10,12 +10,16 @@
 //	structural depth    max_depth                 400    prompt_too_deep          5
 //	messages            max_messages              400    too_many_messages        off
 //	prompt tokens       max_prompt_tokens         413    prompt_too_large         off
-//	tokens + max_tokens context_window(s)         413    context_length_exceeded  known models
+//	tokens + max_tokens context_window(s)         400    context_length_exceeded  advertised, known models
 //	surge               surge_factor × p95        413    prompt_surge             3 × p95, after 100
 //	repetition          max_repetition            400    prompt_repetitive        off
 //
 // The messages name the measured value and the limit, e.g. "prompt is 40213 tokens, the
-// route's limit is 32000". A tenant whose breaker is open gets 503 tenant_breaker_open with
+// route's limit is 32000"; a request over the model's context window gets vLLM's words ("This
+// model's maximum context length is 8192 tokens. However, you requested 9000 tokens (…)"),
+// which the SDKs and LangChain recognise. The window is the params' per-model one, else what
+// the model server advertises (policy.Request.ContextWindow), else the params' default, else
+// the built-in table. A tenant whose breaker is open gets 503 tenant_breaker_open with
 // Retry-After; a tenant shed at degradation level 2 gets 503 load_shed.
 //
 // Token counts: the fast estimate (openai.Request.PromptTokens, which errs high) decides,
@@ -188,16 +192,49 @@ func (g *Guard) WarmUp() error {
 	return nil
 }
 
-// ContextWindow returns the context window the guard uses for model (0: unknown).
-func (g *Guard) ContextWindow(model string) int {
+// ContextWindow returns the context window the guard uses for model (0: unknown) when the
+// model server advertises none.
+func (g *Guard) ContextWindow(model string) int { return g.contextWindow(model, 0) }
+
+// contextWindow is the context window of model: the params' per-model windows, else what the
+// model server advertises (advertised > 0: vLLM's max_model_len on /v1/models), else the
+// params' window for every model, else the built-in table of well-known models.
+func (g *Guard) contextWindow(model string, advertised int) int {
 	if v, ok := lookup(g.ctxWindows, model); ok {
 		return v
+	}
+	if advertised > 0 {
+		return advertised
 	}
 	if g.p.ContextWindow > 0 {
 		return g.p.ContextWindow
 	}
 	v, _ := lookup(builtinContextWindows, model)
 	return v
+}
+
+// contextLengthError is the answer to a request over the model's context window, in vLLM's
+// words (OpenAI's SDKs, LangChain and LlamaIndex recognise "maximum context length" and the
+// code context_length_exceeded): 400 invalid_request_error, param the prompt's field.
+func contextLengthError(r *policy.Request, window, tokens, maxTokens int) *openai.Error {
+	var msg string
+	if maxTokens > 0 {
+		msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			window, tokens+maxTokens, tokens, maxTokens)
+	} else {
+		msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
+			window, tokens)
+	}
+	e := invalid(http.StatusBadRequest, CodeContextLength, msg)
+	switch r.Kind {
+	case openai.KindChat:
+		e.Param = "messages"
+	case openai.KindCompletion:
+		e.Param = "prompt"
+	case openai.KindEmbedding, openai.KindResponses:
+		e.Param = "input"
+	}
+	return e
 }
 
 // Encoding returns the tiktoken encoding the guard uses for model.
@@ -248,7 +285,7 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 		return policy.Decision{}, nil
 	}
 	switch r.Kind {
-	case openai.KindChat, openai.KindCompletion, openai.KindEmbedding:
+	case openai.KindChat, openai.KindCompletion, openai.KindEmbedding, openai.KindResponses:
 	default:
 		return policy.Decision{}, nil
 	}
@@ -405,11 +442,10 @@ func (g *Guard) check(r *policy.Request, route string, level, maxTokens int, now
 		limPrompt = p.MaxPromptTokens
 	}
 	if g.on.contextWindow {
-		if window = g.ContextWindow(r.Model); window > 0 {
+		if window = g.contextWindow(r.Model, r.ContextWindow); window > 0 {
 			limWindow = window - maxTokens
 			if limWindow <= 0 {
-				return invalid(http.StatusRequestEntityTooLarge, CodeContextLength,
-					fmt.Sprintf("max_tokens is %d, the model's context window is %d", maxTokens, window)), tokens
+				return contextLengthError(r, window, tokens, maxTokens), tokens
 			}
 		}
 	}
@@ -443,11 +479,7 @@ func (g *Guard) check(r *policy.Request, route string, level, maxTokens int, now
 		return invalid(http.StatusRequestEntityTooLarge, CodePromptTooLarge,
 			fmt.Sprintf("prompt is %d tokens, the route's limit is %d", tokens, limPrompt)), tokens
 	case limWindow > 0 && tokens > limWindow:
-		msg := fmt.Sprintf("prompt is %d tokens, the model's context window is %d", tokens, window)
-		if maxTokens > 0 {
-			msg = fmt.Sprintf("prompt is %d tokens + max_tokens %d = %d, the model's context window is %d", tokens, maxTokens, tokens+maxTokens, window)
-		}
-		return invalid(http.StatusRequestEntityTooLarge, CodeContextLength, msg), tokens
+		return contextLengthError(r, window, tokens, maxTokens), tokens
 	case limSurge > 0 && tokens > limSurge:
 		return invalid(http.StatusRequestEntityTooLarge, CodeSurge,
 			fmt.Sprintf("prompt is %d tokens, the route's surge limit is %d (%g × the p95 of its recent prompts, %d tokens)", tokens, limSurge, factor, p95)), tokens

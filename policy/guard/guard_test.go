@@ -186,8 +186,8 @@ func TestContextWindow(t *testing.T) {
 		{"no max_tokens: prompt only", 0, false, nil},
 		{"below", window - exact - 1, false, nil},
 		{"at", window - exact, false, nil},
-		{"above", window - exact + 1, true, []string{fmt.Sprintf("prompt is %d tokens + max_tokens %d = %d, the model's context window is %d", exact, window-exact+1, window+1, window)}},
-		{"max_tokens alone", window, true, []string{fmt.Sprintf("max_tokens is %d, the model's context window is %d", window, window)}},
+		{"above", window - exact + 1, true, []string{fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", window, window+1, exact, window-exact+1)}},
+		{"max_tokens alone", window, true, []string{fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested", window)}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -199,12 +199,35 @@ func TestContextWindow(t *testing.T) {
 				}
 				return
 			}
-			wantReject(t, d, 413, CodeContextLength, tc.msg...)
+			wantReject(t, d, 400, CodeContextLength, tc.msg...)
+			if d.Reject.Param != "messages" {
+				t.Errorf("param %q, want messages", d.Reject.Param)
+			}
 		})
 	}
 	t.Run("prompt alone over the window", func(t *testing.T) {
 		g := newGuard(t, Params{ContextWindow: exact - 1}, newClock())
-		wantReject(t, admit(t, g, r0), 413, CodeContextLength, fmt.Sprintf("prompt is %d tokens, the model's context window is %d", exact, exact-1))
+		wantReject(t, admit(t, g, r0), 400, CodeContextLength, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", exact-1, exact))
+	})
+	t.Run("advertised window wins over the defaults", func(t *testing.T) {
+		// The built-in table says 8192 for *llama-3-*; the server advertises 32768.
+		g := newGuard(t, Params{}, newClock())
+		r := chat(t, "a", 12000, prose(1000))
+		r.Model = "meta-llama-3-8b"
+		wantReject(t, admit(t, g, r), 400, CodeContextLength, "maximum context length is 8192 tokens")
+		r = chat(t, "a", 12000, prose(1000))
+		r.Model, r.ContextWindow = "meta-llama-3-8b", 32768
+		if d := admit(t, g, r); d.Reject != nil {
+			t.Fatalf("advertised 32768: rejected %v", d.Reject)
+		}
+		r = chat(t, "a", 40000, prose(1000))
+		r.Model, r.ContextWindow = "meta-llama-3-8b", 32768
+		wantReject(t, admit(t, g, r), 400, CodeContextLength, "maximum context length is 32768 tokens")
+		// The operator's per-model window still wins over what the server says.
+		g = newGuard(t, Params{ContextWindows: map[string]int{"*llama-3-*": 16000}}, newClock())
+		r = chat(t, "a", 20000, prose(1000))
+		r.Model, r.ContextWindow = "meta-llama-3-8b", 32768
+		wantReject(t, admit(t, g, r), 400, CodeContextLength, "maximum context length is 16000 tokens")
 	})
 	t.Run("lookup order", func(t *testing.T) {
 		g := newGuard(t, Params{ContextWindow: 5000, ContextWindows: map[string]int{"llama-*": 9000, "llama-3.1-*": 100000, "gpt-4o-mini": 0}}, newClock())
@@ -369,6 +392,31 @@ func TestExtractText(t *testing.T) {
 	extractText(e.Kind, e.Body, &pt)
 	if len(pt.segs) != 2 || string(unescape(nil, pt.segs[1].b)) != "cé" {
 		t.Fatalf("embedding inputs: %v", pt.segs)
+	}
+	// The Responses API: instructions, input items, tools; the same characters ParseRequest counts.
+	rs := request(t, openai.KindResponses, "a", `{"model":"m","instructions":"Be brief.","input":[
+		{"role":"user","content":[{"type":"input_text","text":"look"},{"type":"input_image","image_url":"http://x/y.png"}]},
+		{"type":"function_call","call_id":"c1","name":"get","arguments":"{\"q\":1}"},
+		{"type":"function_call_output","call_id":"c1","output":"42"},
+		{"role":"assistant","content":"ok"}],
+		"tools":[{"type":"function","name":"get","parameters":{}}]}`)
+	pt = promptText{}
+	extractText(rs.Kind, rs.Body, &pt)
+	got, chars = nil, 0
+	for _, s := range pt.segs {
+		v := string(s.b)
+		if s.esc {
+			v = string(unescape(nil, s.b))
+		}
+		got = append(got, v)
+		chars += len([]rune(v))
+	}
+	want = []string{"Be brief.", "look", "get", `{"q":1}`, "42", "ok", `[{"type":"function","name":"get","parameters":{}}]`}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Responses segments\n got %q\nwant %q", got, want)
+	}
+	if chars != rs.PromptChars {
+		t.Errorf("Responses: extracted %d characters, ParseRequest counted %d", chars, rs.PromptChars)
 	}
 	if s := string(unescape(nil, []byte(`a\ud83d\ude00b\u00`))); s != "a😀b\\u00" {
 		t.Fatalf("unescape = %q", s)

@@ -25,7 +25,9 @@ type promptText struct {
 // extractText collects the text the model sees, the same text openai.ParseRequest counts in
 // PromptChars: message content (string content, and the "text" and "refusal" of content
 // parts), tool-call names and arguments (tool_calls and the legacy function_call), the JSON of
-// the tool declarations (tools, functions), and prompts and inputs given as text. The body
+// the tool declarations (tools, functions), and prompts and inputs given as text; for the
+// Responses API the instructions, the input (a string, or items: messages, function calls'
+// names and arguments, function call outputs) and the tools. The body
 // has been validated by ParseRequest, so the walker does not re-check the JSON grammar; it
 // never reads past the body whatever the bytes are. Keys written with escapes are decoded
 // before they are compared, so "\u0063ontent" is content as it is for the model server.
@@ -49,6 +51,20 @@ func extractText(kind openai.Kind, body []byte, pt *promptText) {
 			}
 		case kind == openai.KindCompletion && string(key) == "prompt", kind == openai.KindEmbedding && string(key) == "input":
 			w.prompts(pt)
+		case kind == openai.KindResponses && string(key) == "instructions":
+			w.text(pt)
+		case kind == openai.KindResponses && string(key) == "input":
+			if w.peek() == '"' {
+				w.text(pt)
+			} else {
+				w.array(func() { w.item(pt) })
+			}
+		case kind == openai.KindResponses && string(key) == "tools":
+			start := w.i
+			w.skip()
+			if v := body[start:w.i]; !bytes.Equal(v, []byte("null")) {
+				pt.segs = append(pt.segs, segment{b: v})
+			}
 		default:
 			w.skip()
 		}
@@ -232,26 +248,31 @@ func (w *walker) text(pt *promptText) {
 	}
 }
 
+// content reads message content: a string, or parts whose "text" and "refusal" count.
+func (w *walker) content(pt *promptText) {
+	switch w.peek() {
+	case '"':
+		w.text(pt)
+	case '[':
+		w.array(func() {
+			w.object(func(k []byte) {
+				if string(k) == "text" || string(k) == "refusal" {
+					w.text(pt)
+				} else {
+					w.skip()
+				}
+			})
+		})
+	default:
+		w.skip()
+	}
+}
+
 func (w *walker) message(pt *promptText) {
 	w.object(func(key []byte) {
 		switch string(key) {
 		case "content":
-			switch w.peek() {
-			case '"':
-				w.text(pt)
-			case '[':
-				w.array(func() {
-					w.object(func(k []byte) {
-						if string(k) == "text" || string(k) == "refusal" {
-							w.text(pt)
-						} else {
-							w.skip()
-						}
-					})
-				})
-			default:
-				w.skip()
-			}
+			w.content(pt)
 		case "tool_calls":
 			w.array(func() {
 				w.object(func(k []byte) {
@@ -264,6 +285,21 @@ func (w *walker) message(pt *promptText) {
 			})
 		case "function_call":
 			w.function(pt)
+		default:
+			w.skip()
+		}
+	})
+}
+
+// item reads one Responses input item: a message ({role, content}, content a string or
+// parts with "text"), a function call (name, arguments) or a function call's output.
+func (w *walker) item(pt *promptText) {
+	w.object(func(k []byte) {
+		switch string(k) {
+		case "content":
+			w.content(pt)
+		case "name", "arguments", "output":
+			w.text(pt)
 		default:
 			w.skip()
 		}

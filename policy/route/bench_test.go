@@ -58,11 +58,12 @@ func BenchmarkPlan(b *testing.B) {
 }
 
 func BenchmarkBudgetTryRetry(b *testing.B) {
-	bg := NewBudget(0.2, 3, nil)
+	bg := NewBudgets(BudgetRule{0.2, 3}, BudgetRule{1, 3}, []string{"a"}, nil)
 	b.ReportAllocs()
 	for b.Loop() {
 		bg.RecordRequest()
-		bg.TryRetry()
+		bg.RecordSend("a")
+		bg.TryRetry("a")
 	}
 }
 

@@ -21,23 +21,23 @@ func TestBudgetPreventsRetryStorm(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := newClock()
-			b := NewBudget(tc.ratio, tc.floor, clock)
+			b := NewBudgets(BudgetRule{tc.ratio, tc.floor}, BudgetRule{1, 3}, []string{"a"}, clock)
 			step := time.Second / time.Duration(tc.rps)
 			var requests, retries int
 			perSecond := map[int64]int{}
 			// A backend failing every request for 60 s; every request wants to retry (and would
 			// retry again, up to 3 times, if allowed).
-			for i := range 60 * tc.rps {
+			for range 60 * tc.rps {
 				b.RecordRequest()
+				b.RecordSend("a")
 				requests++
 				for range 3 {
-					if !b.TryRetry() {
+					if !b.TryRetry("a") {
 						break
 					}
 					retries++
 					perSecond[clock.Now().Unix()]++
 				}
-				_ = i
 				clock.Advance(step)
 			}
 			share := float64(retries) / float64(requests)
@@ -60,77 +60,159 @@ func TestBudgetPreventsRetryStorm(t *testing.T) {
 					t.Errorf("second %d: %d retries, want at most %.0f", s, n, limit)
 				}
 			}
+			if got := b.Exhausted(KindRetry); got == 0 {
+				t.Error("refused retries were not counted")
+			}
 		})
+	}
+}
+
+// TestBudgetFallbacksNotStarvedByRetries is the case of a primary failing 30% of requests
+// with a healthy fallback: every failed request moves on, whatever the retries spent, and
+// the retry budget is not spent by fallbacks.
+func TestBudgetFallbacksNotStarvedByRetries(t *testing.T) {
+	clock := newClock()
+	b := NewBudgets(BudgetRule{Ratio: DefaultBudget, MinPerSecond: DefaultMinRetriesPerSecond},
+		BudgetRule{Ratio: DefaultFallbackBudget, MinPerSecond: DefaultMinFallbacksPerSecond},
+		[]string{"primary", "fallback"}, clock)
+	const rps = 200
+	refused := 0
+	for i := range 60 * rps {
+		b.RecordRequest()
+		b.RecordSend("primary")
+		if i%10 < 3 { // 30% fail on the primary
+			if !b.TryFallback("fallback") {
+				refused++
+			}
+		}
+		clock.Advance(time.Second / rps)
+	}
+	if refused != 0 {
+		t.Errorf("%d fallbacks refused with the default fallback budget, want 0", refused)
+	}
+	st := b.Status()
+	for _, c := range st.Clusters {
+		if c.Retries != 0 {
+			t.Errorf("cluster %s: %d retries spent by fallbacks", c.Cluster, c.Retries)
+		}
+	}
+	// The retry budget of the primary is intact: 20% of its sends in the window (9 to 10
+	// buckets of it).
+	n := 0
+	for b.TryRetry("primary") {
+		if n++; n > 10*rps*10 {
+			break
+		}
+	}
+	if lo, hi := int(0.2*9*rps), int(0.2*10*rps); n < lo || n > hi {
+		t.Errorf("retries allowed on the primary after the fallbacks: %d, want %d to %d", n, lo, hi)
+	}
+	if b.Exhausted(KindFallback) != 0 || b.Exhausted(KindRetry) != 1 {
+		t.Errorf("exhausted: fallback %d, retry %d; want 0 and 1", b.Exhausted(KindFallback), b.Exhausted(KindRetry))
+	}
+}
+
+// TestBudgetPerCluster: a cluster's retries are measured against its own sends; a storm on
+// one cluster does not spend another's budget.
+func TestBudgetPerCluster(t *testing.T) {
+	clock := newClock()
+	b := NewBudgets(BudgetRule{Ratio: 0.5}, BudgetRule{Ratio: 0.1}, []string{"a", "b"}, clock)
+	for range 100 {
+		b.RecordRequest()
+		b.RecordSend("a")
+	}
+	for range 10 {
+		b.RecordSend("b")
+	}
+	grant := func(f func(string) bool, c string) (n int) {
+		for f(c) {
+			if n++; n > 1000 {
+				break
+			}
+		}
+		return n
+	}
+	if n := grant(b.TryRetry, "a"); n != 50 {
+		t.Errorf("retries on a: %d, want 50 (half of its 100 sends)", n)
+	}
+	if n := grant(b.TryRetry, "b"); n != 5 {
+		t.Errorf("retries on b: %d, want 5 (half of its 10 sends): a's storm spent it", n)
+	}
+	// Fallback budgets are per target cluster, measured against the route's requests.
+	if n := grant(b.TryFallback, "b"); n != 10 {
+		t.Errorf("fallbacks into b: %d, want 10 (10%% of 100 requests)", n)
+	}
+	if n := grant(b.TryFallback, "c"); n != 10 {
+		t.Errorf("fallbacks into c (not configured at first): %d, want its own 10", n)
+	}
+	// A fallback counts as a send to its cluster: it funds retries there.
+	if st := b.Status(); st.Clusters[1].Sent != 20 {
+		t.Errorf("sends to b: %+v, want 20 (10 direct, 10 fallbacks)", st.Clusters[1])
 	}
 }
 
 func TestBudgetWindowSlides(t *testing.T) {
 	clock := newClock()
-	b := NewBudget(0.2, 0, clock) // no floor
-	if b.AllowRetry() {
-		t.Fatal("no requests, no floor: a retry was allowed")
+	b := NewBudgets(BudgetRule{Ratio: 0.2}, BudgetRule{Ratio: 0.2}, []string{"a"}, clock) // no floors
+	if b.TryRetry("a") || b.TryFallback("a") {
+		t.Fatal("no requests, no floor: an attempt was allowed")
 	}
 	for range 10 {
 		b.RecordRequest()
+		b.RecordSend("a")
 	}
-	// 20% of 10 = 2 retries.
+	// 20% of 10 = 2 retries, and 2 fallbacks.
 	granted := 0
 	for range 5 {
-		if b.TryRetry() {
+		if b.TryRetry("a") {
 			granted++
 		}
 	}
 	if granted != 2 {
 		t.Fatalf("with 10 requests and budget 0.2, want exactly 2 retries: %+v", b.Status())
 	}
-	if b.AllowRetry() {
-		t.Error("AllowRetry true with the budget spent")
-	}
-	// AllowRetry records nothing.
-	b2 := NewBudget(1, 0, clock)
-	b2.RecordRequest()
-	for range 5 {
-		if !b2.AllowRetry() {
-			t.Fatal("AllowRetry spent the budget")
-		}
-	}
-	b2.RecordRetry()
-	if b2.AllowRetry() {
-		t.Error("RecordRetry did not count")
-	}
 	// After the window the old requests and retries are forgotten.
 	clock.Advance(BudgetWindow + time.Second)
-	if st := b.Status(); st.Requests != 0 || st.Retries != 0 {
+	if st := b.Status(); st.Requests != 0 || st.Clusters[0].Retries != 0 || st.Clusters[0].Sent != 0 {
 		t.Errorf("after the window: %+v", st)
 	}
-	if b.AllowRetry() {
+	if b.TryRetry("a") {
 		t.Error("old requests still fund retries after the window")
 	}
 }
 
 func TestBudgetFloor(t *testing.T) {
 	clock := newClock()
-	b := NewBudget(0.2, 3, clock) // 30 retries per 10 s window even with no traffic
+	b := NewBudgets(BudgetRule{0.2, 3}, BudgetRule{0, 2}, nil, clock) // 30 retries, 20 fallbacks per 10 s window even with no traffic
 	n := 0
-	for b.TryRetry() {
-		n++
-		if n > 1000 {
+	for b.TryRetry("a") {
+		if n++; n > 1000 {
 			break
 		}
 	}
 	if n != 30 {
 		t.Errorf("floor allowed %d retries in a window, want 30", n)
 	}
+	n = 0
+	for b.TryFallback("a") {
+		if n++; n > 1000 {
+			break
+		}
+	}
+	if n != 20 {
+		t.Errorf("floor allowed %d fallbacks in a window, want 20", n)
+	}
 	st := b.Status()
-	if st.Allowed != 30 || st.MinPerS != 3 {
+	if st.Clusters[0].RetriesAllowed != 30 || st.Retry.MinPerSecond != 3 || st.Exhausted[KindRetry] != 1 || st.Exhausted[KindFallback] != 1 {
 		t.Errorf("status %+v", st)
 	}
 }
 
 func TestBudgetConcurrentCannotOverdraw(t *testing.T) {
-	b := NewBudget(0.1, 0, newClock())
+	b := NewBudgets(BudgetRule{Ratio: 0.1}, BudgetRule{Ratio: 0.1}, []string{"a"}, newClock())
 	for range 1000 {
 		b.RecordRequest()
+		b.RecordSend("a")
 	}
 	var mu sync.Mutex
 	granted := 0
@@ -138,7 +220,7 @@ func TestBudgetConcurrentCannotOverdraw(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 100 {
-				if b.TryRetry() {
+				if b.TryRetry("a") {
 					mu.Lock()
 					granted++
 					mu.Unlock()
@@ -149,6 +231,32 @@ func TestBudgetConcurrentCannotOverdraw(t *testing.T) {
 	wg.Wait()
 	if granted != 100 {
 		t.Errorf("granted %d retries, want exactly 100 (10%% of 1000)", granted)
+	}
+}
+
+func TestBudgetLogDue(t *testing.T) {
+	clock := newClock()
+	b := NewBudgets(BudgetRule{}, BudgetRule{}, []string{"a"}, clock)
+	if _, due := b.LogDue(KindRetry, 10*time.Second); due {
+		t.Fatal("nothing refused: no log due")
+	}
+	for range 3 {
+		b.TryRetry("a")
+	}
+	if n, due := b.LogDue(KindRetry, 10*time.Second); !due || n != 3 {
+		t.Fatalf("first refusals: due %v n %d, want a log of 3", due, n)
+	}
+	b.TryRetry("a")
+	if _, due := b.LogDue(KindRetry, 10*time.Second); due {
+		t.Error("a second log within the interval")
+	}
+	if _, due := b.LogDue(KindFallback, 10*time.Second); due {
+		t.Error("a fallback log with no fallback refused")
+	}
+	clock.Advance(11 * time.Second)
+	b.TryRetry("a")
+	if n, due := b.LogDue(KindRetry, 10*time.Second); !due || n != 2 {
+		t.Errorf("after the interval: due %v n %d, want a log of the 2 since", due, n)
 	}
 }
 

@@ -19,6 +19,7 @@ const (
 	ClassUpstream429   = "upstream_429"
 	ClassUpstream4xx   = "upstream_4xx"
 	ClassStreamCut     = "stream_cut"
+	ClassStreamError   = "stream_error"
 	ClassEmptyResponse = "upstream_empty"
 	ClassShutdown      = "shutdown"
 	ClassUpstreamError = "upstream_error"
@@ -64,7 +65,7 @@ func ConditionOf(class string, status int, errCode string, contracts []Contract)
 		return policy.Cond5xx
 	case ClassUpstream429:
 		return policy.Cond429
-	case ClassStreamCut, ClassIdleTimeout:
+	case ClassStreamCut, ClassIdleTimeout, ClassStreamError:
 		return policy.CondStreamCut
 	case policy.CondBreakerOpen, policy.CondOverload, policy.CondContract:
 		return class
@@ -101,7 +102,7 @@ func Verdict(class string, status int, errCode string, contracts []Contract) (fa
 		}
 		return false, false
 	case ClassConnect, ClassEmptyResponse, ClassUpstream5xx, ClassTTFTTimeout,
-		ClassStreamCut, ClassIdleTimeout, ClassUpstreamError:
+		ClassStreamCut, ClassIdleTimeout, ClassStreamError, ClassUpstreamError:
 		return true, false
 	case ClassClientCancel, ClassTimeout, ClassShutdown, ClassUpstream4xx, ClassUpstream429,
 		ClassNoEndpoint, policy.CondBreakerOpen, policy.CondOverload:

@@ -49,7 +49,7 @@ type Router struct {
 	flagHeader     string // canonical header name; "" when policy.Request.GrayFlag holds it
 	retry          Retry  // resolved
 	resumeOn       []string
-	budget         *Budget
+	budgets        *Budgets
 	breakers       *Breakers
 	weightsMu      sync.Mutex // serialises SetWeights
 	table          atomic.Pointer[table]
@@ -134,7 +134,7 @@ func New(spec Spec, primaryCluster, primaryModel string, clock policy.Clock) (*R
 		clusters = append([]string{primaryCluster}, clusters...)
 	}
 	rt.clusterSummary = clusters
-	rt.budget = NewBudget(*rt.retry.Budget, *rt.retry.MinRetriesPerSecond, clock)
+	rt.budgets = NewBudgets(rt.retry.retryRule(), rt.retry.fallbackRule(), clusters, clock)
 	rt.breakers = NewBreakers(spec.Breaker, clusters...)
 	return rt, nil
 }
@@ -274,20 +274,21 @@ func (rt *Router) Weights() map[string]int {
 	return out
 }
 
-// Inherit takes over old's retry budget (with this Router's ratio and floor) and old's
-// breakers of the clusters both have, when the breaker config is unchanged. A config reload
-// calls it on the new Router before publishing it; split weights come from the new config.
+// Inherit takes over old's retry and fallback budgets (with this Router's ratios and
+// floors) and old's breakers of the clusters both have, when the breaker config is
+// unchanged. A config reload calls it on the new Router before publishing it; split weights
+// come from the new config.
 func (rt *Router) Inherit(old *Router) {
 	if old == nil || old == rt {
 		return
 	}
-	old.budget.configure(*rt.retry.Budget, *rt.retry.MinRetriesPerSecond)
-	rt.budget = old.budget
+	old.budgets.configure(rt.retry.retryRule(), rt.retry.fallbackRule(), rt.clusterSummary)
+	rt.budgets = old.budgets
 	rt.breakers.inherit(old.breakers)
 }
 
-// Budget is the route's retry budget.
-func (rt *Router) Budget() *Budget { return rt.budget }
+// Budgets are the route's retry and fallback budgets, per target cluster.
+func (rt *Router) Budgets() *Budgets { return rt.budgets }
 
 // Breakers are the route's per-cluster breakers.
 func (rt *Router) Breakers() *Breakers { return rt.breakers }
@@ -353,7 +354,7 @@ type Status struct {
 // Snapshot returns the current splits (with their weights), budget and breakers.
 func (rt *Router) Snapshot() Status {
 	t := rt.table.Load()
-	s := Status{Budget: rt.budget.Status(), Breakers: rt.breakers.Snapshot()}
+	s := Status{Budget: rt.budgets.Status(), Breakers: rt.breakers.Snapshot()}
 	for _, sp := range t.splits {
 		s.Splits = append(s.Splits, sp.Split)
 	}

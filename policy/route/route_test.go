@@ -444,9 +444,10 @@ func TestInherit(t *testing.T) {
 		t.Fatalf("breaker a %s, want open", st)
 	}
 	for range 10 {
-		old.Budget().RecordRequest()
+		old.Budgets().RecordRequest()
+		old.Budgets().RecordSend("a")
 	}
-	old.Budget().RecordRetry()
+	old.Budgets().TryRetry("a")
 
 	// Same breaker config, new weights and budget: the breaker of a and the budget carry over.
 	s2 := s
@@ -463,11 +464,11 @@ func TestInherit(t *testing.T) {
 	if st := nw.Breakers().State("c"); st != "closed" {
 		t.Errorf("new cluster c's breaker %s, want closed", st)
 	}
-	bs := nw.Budget().Status()
-	if bs.Requests != 10 || bs.Retries != 1 || bs.Ratio != 0.5 {
-		t.Errorf("inherited budget %+v, want 10 requests, 1 retry, ratio 0.5", bs)
+	bs := nw.Budgets().Status()
+	if bs.Requests != 10 || bs.Clusters[0].Retries != 1 || bs.Retry.Ratio != 0.5 || bs.Fallback.Ratio != DefaultFallbackBudget {
+		t.Errorf("inherited budget %+v, want 10 requests, 1 retry on a, ratio 0.5", bs)
 	}
-	if nw.Budget() != old.Budget() {
+	if nw.Budgets() != old.Budgets() {
 		t.Error("the old Router's in-flight requests and the new one must share the budget")
 	}
 

@@ -18,12 +18,16 @@ const (
 	DefaultMaxRetryAfter       = 2 * time.Second
 	DefaultBudget              = 0.2
 	DefaultMinRetriesPerSecond = 3.0
-	DefaultBreakerWindow       = 60 * time.Second
-	DefaultBreakerBuckets      = 10
-	DefaultBreakerMinRequests  = 20
-	DefaultBreakerFailureRatio = 0.5
-	DefaultBreakerOpenFor      = 30 * time.Second
-	DefaultHalfOpenProbes      = 3
+	// DefaultFallbackBudget lets every request a partly failing cluster cannot serve fall
+	// back: moving to another cluster is routing, not a retry storm.
+	DefaultFallbackBudget        = 1.0
+	DefaultMinFallbacksPerSecond = 3.0
+	DefaultBreakerWindow         = 60 * time.Second
+	DefaultBreakerBuckets        = 10
+	DefaultBreakerMinRequests    = 20
+	DefaultBreakerFailureRatio   = 0.5
+	DefaultBreakerOpenFor        = 30 * time.Second
+	DefaultHalfOpenProbes        = 3
 
 	// MaxAttempts bounds retry.attempts.
 	MaxAttempts = 10
@@ -104,7 +108,7 @@ type StepTimeouts struct {
 	Total Duration `yaml:"total" json:"total,omitempty"`
 }
 
-// Retry configures attempts per candidate and the route's retry budget.
+// Retry configures attempts per candidate and the route's retry and fallback budgets.
 type Retry struct {
 	// Attempts per candidate, the first included (default 1: no retry on the same cluster).
 	Attempts int `yaml:"attempts" json:"attempts,omitempty"`
@@ -113,10 +117,18 @@ type Retry struct {
 	// BackoffBase and BackoffMax bound the full-jitter exponential back-off between attempts.
 	BackoffBase Duration `yaml:"backoff_base" json:"backoff_base,omitempty"`
 	BackoffMax  Duration `yaml:"backoff_max" json:"backoff_max,omitempty"`
-	// Budget is the share of requests that may be retried, in [0, 1] (default 0.2).
+	// Budget is the share of the requests sent to a cluster that may be retried on it, in
+	// [0, 1] (default 0.2). Each target cluster has its own.
 	Budget *float64 `yaml:"budget" json:"budget,omitempty"`
-	// MinRetriesPerSecond is the budget's floor (default 3), so that a quiet route may retry.
+	// MinRetriesPerSecond is the retry budget's floor per cluster (default 3), so that a quiet
+	// route may retry.
 	MinRetriesPerSecond *float64 `yaml:"min_retries_per_second" json:"min_retries_per_second,omitempty"`
+	// FallbackBudget is the share of the route's requests that may move on to one fallback
+	// cluster, in [0, 1] (default 1: every request the cluster before it cannot serve).
+	// Fallbacks never spend the retry budget.
+	FallbackBudget *float64 `yaml:"fallback_budget" json:"fallback_budget,omitempty"`
+	// MinFallbacksPerSecond is the fallback budget's floor per cluster (default 3).
+	MinFallbacksPerSecond *float64 `yaml:"min_fallbacks_per_second" json:"min_fallbacks_per_second,omitempty"`
 	// HonorRetryAfter waits for an upstream's Retry-After before retrying it (default true).
 	HonorRetryAfter *bool `yaml:"honor_retry_after" json:"honor_retry_after,omitempty"`
 	// MaxRetryAfter: a longer Retry-After is not waited for; the candidate is not retried.
@@ -272,6 +284,12 @@ func (s Spec) Problems() Problems {
 	if r.MinRetriesPerSecond != nil && !(*r.MinRetriesPerSecond >= 0) {
 		add("retry.min_retries_per_second: %v is negative", *r.MinRetriesPerSecond)
 	}
+	if r.FallbackBudget != nil && !(*r.FallbackBudget >= 0 && *r.FallbackBudget <= 1) {
+		add("retry.fallback_budget: %v is out of range [0, 1] (the share of requests that may move on to one fallback cluster)", *r.FallbackBudget)
+	}
+	if r.MinFallbacksPerSecond != nil && !(*r.MinFallbacksPerSecond >= 0) {
+		add("retry.min_fallbacks_per_second: %v is negative", *r.MinFallbacksPerSecond)
+	}
 
 	b := s.Breaker
 	checkDur(add, "breaker.window", b.Window)
@@ -378,10 +396,24 @@ func (r Retry) withDefaults() Retry {
 	if r.MinRetriesPerSecond == nil {
 		r.MinRetriesPerSecond = ptr(DefaultMinRetriesPerSecond)
 	}
+	if r.FallbackBudget == nil {
+		r.FallbackBudget = ptr(DefaultFallbackBudget)
+	}
+	if r.MinFallbacksPerSecond == nil {
+		r.MinFallbacksPerSecond = ptr(DefaultMinFallbacksPerSecond)
+	}
 	if r.HonorRetryAfter == nil {
 		r.HonorRetryAfter = ptr(true)
 	}
 	return r
+}
+
+func (r Retry) retryRule() BudgetRule {
+	return BudgetRule{Ratio: *r.Budget, MinPerSecond: *r.MinRetriesPerSecond}
+}
+
+func (r Retry) fallbackRule() BudgetRule {
+	return BudgetRule{Ratio: *r.FallbackBudget, MinPerSecond: *r.MinFallbacksPerSecond}
 }
 
 func (b Breaker) withDefaults() Breaker {

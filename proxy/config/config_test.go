@@ -37,7 +37,7 @@ func TestParseAppliesDefaults(t *testing.T) {
 		{"drain_timeout", c.DrainTimeout.D(), DefaultDrainTimeout},
 		{"timeouts.ttft", c.Timeouts.TTFT.D(), DefaultTTFTTimeout},
 		{"route timeouts inherit", NewSnapshot(c).Routes[0].Timeouts.Idle.D(), DefaultIdleTimeout},
-		{"health path", c.Clusters[0].HealthCheck.Path, DefaultHealthPath},
+		{"health path (auto: /health, then /v1/models)", c.Clusters[0].HealthCheck.Path, ""},
 		{"outlier failures", c.Clusters[0].Outlier.ConsecutiveFailures, DefaultOutlierConsecutiveFailures},
 		{"endpoint weight", c.Clusters[0].Endpoints[0].Weight, 1},
 		{"route prefix", c.Routes[0].Match.PathPrefix, "/"},
@@ -123,10 +123,10 @@ func TestParseErrors(t *testing.T) {
 	tests := []struct {
 		name, yaml, want string
 	}{
-		{"unknown key", "listn: x\n" + minimal, "field listn not found"},
-		{"bad duration", "drain_timeout: soon\n" + minimal, `invalid duration "soon"`},
-		{"bad size", "max_body_bytes: 12XB\n" + minimal, `invalid size`},
-		{"wrong type", "clusters: 5\n", "cannot unmarshal"},
+		{"unknown key", "listn: x\n" + minimal, `line 1:1: listn: unknown key (did you mean "listen"?)`},
+		{"bad duration", "drain_timeout: soon\n" + minimal, `line 1:16: drain_timeout: invalid duration "soon"`},
+		{"bad size", "max_body_bytes: 12XB\n" + minimal, `line 1:17: max_body_bytes: invalid size`},
+		{"wrong type", "clusters: 5\n", `line 1:11: clusters: expected a list, got "5"`},
 		{"empty", "", "at least one cluster"},
 	}
 	for _, tt := range tests {
@@ -216,15 +216,25 @@ routes:
 }
 
 func TestFromUpstreams(t *testing.T) {
-	c, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"http://127.0.0.1:8000", "http://127.0.0.1:8001"})
+	c, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"http://127.0.0.1:8000", "http://127.0.0.1:8001"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(c.Clusters) != 1 || len(c.Clusters[0].Endpoints) != 2 || len(c.Routes) != 1 {
 		t.Fatalf("config = %+v", c)
 	}
-	if _, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"localhost:8000"}); err == nil {
+	if _, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"localhost:8000"}, ""); err == nil {
 		t.Fatal("a URL without scheme must be rejected")
+	}
+	if p := c.Clusters[0].HealthCheck.Path; p != "" {
+		t.Errorf("default health path %q, want \"\" (auto)", p)
+	}
+	c2, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"http://127.0.0.1:8000"}, "/ready")
+	if err != nil || c2.Clusters[0].HealthCheck.Path != "/ready" || c2.Version == c.Version {
+		t.Fatalf("--health-path /ready: %v %+v", err, c2.Clusters[0].HealthCheck)
+	}
+	if _, err := FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{"http://127.0.0.1:8000"}, "ready"); err == nil {
+		t.Error("a health path without a leading / must be rejected")
 	}
 }
 

@@ -1,12 +1,10 @@
 package config
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path"
@@ -15,8 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/policy/fault"
@@ -38,7 +34,6 @@ const (
 	DefaultIdleTimeout    = 60 * time.Second
 	DefaultTotalTimeout   = 10 * time.Minute
 
-	DefaultHealthPath               = "/health"
 	DefaultHealthInterval           = 5 * time.Second
 	DefaultHealthTimeout            = time.Second
 	DefaultHealthUnhealthyThreshold = 3
@@ -59,13 +54,21 @@ const (
 	DefaultShadowRetention      = 100000
 )
 
-// ValidationError lists every problem found in a config, each prefixed with its path.
+// ValidationError lists every problem found in a config, each prefixed with its path
+// (`routes[2].cluster: unknown cluster "x"`). A config loaded from YAML (LoadFile, Parse)
+// also says where each problem is: Positions parallels Problems, and File names the file.
 type ValidationError struct {
 	Problems []string
+	// Positions, when set, has one entry per problem: its line (and column where known) in
+	// the YAML; a zero Position where the problem has no place in the file. Configs that
+	// were not decoded from YAML (xDS, flags) have none.
+	Positions []Position
+	// File is the config file the positions are in ("" for Parse and configs not from a file).
+	File string
 }
 
 func (e *ValidationError) Error() string {
-	return fmt.Sprintf("invalid config (%d problems):\n  %s", len(e.Problems), strings.Join(e.Problems, "\n  "))
+	return fmt.Sprintf("invalid config (%d problems):\n  %s", len(e.Problems), strings.Join(e.Located(), "\n  "))
 }
 
 // LoadFileForReplicas loads a config file that a control plane serves to other hosts
@@ -82,14 +85,12 @@ func loadFile(file string, remote bool) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	c, err := decode(data)
+	c, err := load(data, file, func(c *Config) {
+		if c.Remote = remote; !remote {
+			c.resolvePaths(filepath.Dir(file))
+		}
+	})
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", file, err)
-	}
-	if c.Remote = remote; !remote {
-		c.resolvePaths(filepath.Dir(file))
-	}
-	if err := c.Finish(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", file, err)
 	}
 	c.Source = file
@@ -98,28 +99,37 @@ func loadFile(file string, remote bool) (*Config, error) {
 
 // Parse decodes YAML strictly (unknown keys are errors), applies defaults and validates.
 // Relative file paths stay relative to the working directory (LoadFile makes them relative
-// to the config file).
-func Parse(data []byte) (*Config, error) {
-	c, err := decode(data)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Finish(); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
+// to the config file). Problems are reported as with LoadFile, with their lines.
+func Parse(data []byte) (*Config, error) { return load(data, "", nil) }
 
-func decode(data []byte) (*Config, error) {
-	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("decode yaml: %w", err)
+// load decodes, finishes and validates a YAML config, and reports every problem at once in
+// a *ValidationError, each with its place in the YAML: what could not be decoded (unknown
+// keys, wrong types, bad durations and sizes, anywhere in the file) and what Validate finds
+// in what could, less the problems that only follow from the former. prepare, when set,
+// runs between decoding and Finish.
+func load(data []byte, file string, prepare func(*Config)) (*Config, error) {
+	d := decode(data)
+	problems := d.problems
+	if !d.fatal {
+		if prepare != nil {
+			prepare(d.config)
+		}
+		if err := d.config.Finish(); err != nil {
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				return nil, err
+			}
+			for _, p := range ve.Problems {
+				if !d.followsFrom(p) {
+					problems = append(problems, located{p, positionOf(d.root, p)})
+				}
+			}
+		}
 	}
-	sum := sha256.Sum256(data)
-	c.Version = hex.EncodeToString(sum[:6])
-	return &c, nil
+	if len(problems) > 0 {
+		return nil, newValidationError(file, problems)
+	}
+	return d.config, nil
 }
 
 // resolvePaths makes the file paths of a config file relative to the file's folder.
@@ -139,10 +149,11 @@ func (c *Config) resolvePaths(dir string) {
 	}
 }
 
-// FromUpstreams builds the one-route, one-cluster config of `sluice serve --upstream URL`.
-func FromUpstreams(listen, admin string, upstreams []string) (*Config, error) {
+// FromUpstreams builds the one-route, one-cluster config of `sluice serve --upstream URL`;
+// healthPath is the cluster's health-check path ("": /health, else /v1/models).
+func FromUpstreams(listen, admin string, upstreams []string, healthPath string) (*Config, error) {
 	c := &Config{Listen: listen, Admin: Admin{Listen: admin}, Source: "flags"}
-	cl := Cluster{Name: "default"}
+	cl := Cluster{Name: "default", HealthCheck: HealthCheck{Path: healthPath}}
 	for _, u := range upstreams {
 		if !strings.Contains(u, "://") {
 			return nil, fmt.Errorf("--upstream %q: give a URL with its scheme, e.g. http://%s", u, u)
@@ -151,7 +162,7 @@ func FromUpstreams(listen, admin string, upstreams []string) (*Config, error) {
 	}
 	c.Clusters = []Cluster{cl}
 	c.Routes = []Route{{Name: "default", Cluster: "default"}}
-	sum := sha256.Sum256([]byte(strings.Join(upstreams, ",")))
+	sum := sha256.Sum256([]byte(strings.Join(upstreams, ",") + " " + healthPath))
 	c.Version = hex.EncodeToString(sum[:6])
 	if err := c.Finish(); err != nil {
 		return nil, err
@@ -209,9 +220,6 @@ func (c *Config) applyDefaults() {
 			}
 		}
 		hc := &cl.HealthCheck
-		if hc.Path == "" {
-			hc.Path = DefaultHealthPath
-		}
 		if hc.Interval == 0 {
 			hc.Interval = Duration(DefaultHealthInterval)
 		}
@@ -382,7 +390,7 @@ func (c *Config) Validate() error {
 		}
 		checkTimeouts(add, at+".timeouts", cl.Timeouts)
 		hc := cl.HealthCheck
-		if !strings.HasPrefix(hc.Path, "/") {
+		if hc.Path != "" && !strings.HasPrefix(hc.Path, "/") {
 			add("%s.health_check.path: must start with /", at)
 		}
 		if hc.Interval < 0 || hc.Timeout < 0 {

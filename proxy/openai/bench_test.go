@@ -66,6 +66,26 @@ func BenchmarkParseRequest(b *testing.B) {
 	}
 }
 
+// BenchmarkParseRequestResponses is BenchmarkParseRequest for the same conversation as a
+// Responses request (instructions, input items with content parts).
+func BenchmarkParseRequestResponses(b *testing.B) {
+	for _, tokens := range []int{1000, 32000} {
+		body := responsesBody(tokens)
+		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var r *Request
+			for b.Loop() {
+				var err error
+				if r, err = ParseRequest(KindResponses, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(r.PromptTokens), "est-tokens")
+		})
+	}
+}
+
 // BenchmarkParseRequestStdlib is the comparison point: encoding/json into a typed struct
 // with messages kept raw (what ParseRequest replaces).
 func BenchmarkParseRequestStdlib(b *testing.B) {
@@ -119,6 +139,51 @@ func BenchmarkRelayEvent(b *testing.B) {
 		if _, err := io.Discard.Write(ev.Raw); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkRelayEventResponses is BenchmarkRelayEvent for a vLLM Responses stream: its
+// events (response.created and response.completed echo the whole response) averaged.
+func BenchmarkRelayEventResponses(b *testing.B) {
+	stream := loadSSE(b, "responses_text.sse")
+	src := &eventReader{data: stream}
+	r := NewReader(src, 0)
+	var tap Tap
+	now := time.Now()
+	b.SetBytes(int64(len(stream) / bytes.Count(stream, []byte("\n\n"))))
+	b.ReportAllocs()
+	for b.Loop() {
+		ev, err := r.Next()
+		if err != nil {
+			b.Fatal(err)
+		}
+		tap.Observe(ev, now)
+		if _, err := io.Discard.Write(ev.Raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTapEvent is the Tap's work on one token event: a vLLM chat chunk, and a vLLM
+// Responses text delta (its fields in alphabetical order, "type" last).
+func BenchmarkTapEvent(b *testing.B) {
+	for _, bc := range []struct{ name, data string }{
+		{"chat", `{"id":"chatcmpl-3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c","object":"chat.completion.chunk","created":1718041200,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" blue"},"logprobs":null,"finish_reason":null}]}`},
+		{"responses", `{"content_index":0,"delta":" blue","item_id":"msg_0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c","logprobs":[],"output_index":0,"sequence_number":7,"type":"response.output_text.delta"}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ev := Event{Data: []byte(bc.data)}
+			var tap Tap
+			now := time.Now()
+			b.SetBytes(int64(len(bc.data)))
+			b.ReportAllocs()
+			for b.Loop() {
+				tap.Observe(ev, now)
+			}
+			if tap.TokenEvents == 0 {
+				b.Fatal("not a token event")
+			}
+		})
 	}
 }
 

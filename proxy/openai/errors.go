@@ -49,7 +49,14 @@ func (e *Error) Body() []byte {
 }
 
 func (e *Error) appendBody(b []byte) []byte {
-	b = append(b, `{"error":{"message":`...)
+	b = append(b, `{"error":`...)
+	b = e.appendObject(b)
+	return append(b, '}')
+}
+
+// appendObject appends the error object: {"message":...,"type":...,"param":...,"code":...}.
+func (e *Error) appendObject(b []byte) []byte {
+	b = append(b, `{"message":`...)
 	b = appendQuoted(b, e.Message)
 	b = append(b, `,"type":`...)
 	b = appendQuoted(b, e.Type)
@@ -65,7 +72,7 @@ func (e *Error) appendBody(b []byte) []byte {
 	} else {
 		b = appendQuoted(b, e.Code)
 	}
-	return append(b, "}}"...)
+	return append(b, '}')
 }
 
 // SSE returns the error as an in-band SSE event, for a stream that has already started:
@@ -80,6 +87,44 @@ func (e *Error) SSE() []byte {
 	b = append(b, "event: error\ndata: "...)
 	b = e.appendBody(b)
 	return append(b, "\n\n"...)
+}
+
+// ResponsesSSE returns the error as the in-band error event of a Responses API stream
+// (POST /v1/responses) that has already started, numbered seq (Tap.Seq: one more than the
+// last sequence_number relayed; a negative seq is 0):
+//
+//	event: error
+//	data: {"type":"error","code":...,"message":...,"param":...,"sequence_number":seq,"error":{...}}
+//
+// It carries both shapes clients look for: the Responses error event's own fields (the
+// Vercel AI SDK reads type "error" and wants code and message strings, so code is Code,
+// else Type, else "server_error"), and the "error" object of Body (openai-go and
+// openai-python turn a data object with an "error" key into a stream error). There is no
+// [DONE] in a Responses stream: the error event is the stream's last.
+func (e *Error) ResponsesSSE(seq int) []byte {
+	b := make([]byte, 0, 192+2*(len(e.Message)+len(e.Type)+len(e.Code)+len(e.Param)))
+	b = append(b, "event: error\ndata: {\"type\":\"error\",\"code\":"...)
+	switch {
+	case e.Code != "":
+		b = appendQuoted(b, e.Code)
+	case e.Type != "":
+		b = appendQuoted(b, e.Type)
+	default:
+		b = append(b, `"server_error"`...)
+	}
+	b = append(b, `,"message":`...)
+	b = appendQuoted(b, e.Message)
+	b = append(b, `,"param":`...)
+	if e.Param == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendQuoted(b, e.Param)
+	}
+	b = append(b, `,"sequence_number":`...)
+	b = strconv.AppendInt(b, int64(max(seq, 0)), 10)
+	b = append(b, `,"error":`...)
+	b = e.appendObject(b)
+	return append(b, "}\n\n"...)
 }
 
 // WriteError writes e as the response: its status (500 if unset), Content-Type

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -32,14 +33,24 @@ func FuzzParseRequest(f *testing.F) {
 		{KindEmbedding, `{"model":"m","input":["a","b"]}`},
 		{KindEmbedding, `{"model":"m","input":""}`},
 		{KindModels, ``},
+		{KindChat, `{"messages":[{"role":"user","content":"no model"}]}`},
+		{KindEmbedding, `{"model":null,"input":"x"}`},
+		{KindResponses, `{"model":"m","input":"Hello"}`},
+		{KindResponses, `{"input":"no model","instructions":"Be brief.","max_output_tokens":16,"stream":true}`},
+		{KindResponses, `{"model":"m","instructions":"\u005b[1]]","tools":[{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"web_search_preview"}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"},"strict":true}},"input":[{"role":"user","content":[{"type":"input_text","text":"{\"a\":[1]}"},{"type":"input_image","image_url":"https://x"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{\"x\":{\"y\":1}}"},{"type":"function_call_output","call_id":"c","output":"[1,[2]]"},{"type":"reasoning","id":"r","summary":[{"type":"summary_text","text":"t"}]}]}`},
+		{KindResponses, `{"model":"m","input":[{"content":"x","role":"user","type":"message"},{"output":{"type":"computer_screenshot"},"type":"computer_call_output"}],"previous_response_id":"resp_1","store":false,"background":true,"input":[]}`},
+		{KindResponses, `{"model":"m","input":[{"content":"no role"}]}`},
+		{KindResponses, `{"model":"m","input":[{"type":"function_call_output","output":5}]}`},
+		{KindResponses, `{"model":"m","input":[1,2]}`},
+		{KindResponses, `{"model":"m","input":[{"role":"user","content":"x"}],"input":null}`},
 	}
 	for _, s := range seeds {
 		f.Add(uint8(s.kind), []byte(s.body))
 	}
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
-		kind := Kind(k % 5)
+		kind := Kind(k % 6)
 		r, err := ParseRequest(kind, body)
-		if kind != KindChat && kind != KindCompletion && kind != KindEmbedding {
+		if kind != KindChat && kind != KindCompletion && kind != KindEmbedding && kind != KindResponses {
 			if err != nil || r.Kind != kind || !bytes.Equal(r.Body, body) {
 				t.Fatalf("kind %v: %+v %v", kind, r, err)
 			}
@@ -60,7 +71,8 @@ func FuzzParseRequest(f *testing.F) {
 			return
 		}
 		if r.N < 1 || r.MaxTokens < 0 || r.PromptChars < 0 || r.PromptTokens < 0 || r.Depth < 0 || r.Tools < 0 ||
-			(kind == KindChat && r.Messages < 1) || (kind != KindChat && r.Inputs < 1) {
+			(kind == KindChat && r.Messages < 1) || ((kind == KindCompletion || kind == KindEmbedding) && r.Inputs < 1) ||
+			(kind == KindResponses && (r.Messages < 0 || r.Inputs != 0 || r.N != 1 || r.IncludeUsage)) {
 			t.Fatalf("inconsistent %+v", r)
 		}
 		if r.PromptChars > len(body) {
@@ -73,9 +85,13 @@ func FuzzParseRequest(f *testing.F) {
 		if err := json.Unmarshal(body, &top); err != nil {
 			t.Fatalf("encoding/json: %v", err)
 		}
-		var model string
-		if json.Unmarshal(top["model"], &model) != nil || (utf8.ValidString(r.Model) && model != r.Model) {
-			t.Fatalf("model %q, encoding/json says %q", r.Model, model)
+		// The model may be absent or null (Model ""), never "".
+		var model *string
+		if raw, ok := top["model"]; ok && json.Unmarshal(raw, &model) != nil {
+			t.Fatalf("model %s accepted", raw)
+		}
+		if (model == nil && r.Model != "") || (model != nil && (*model == "" || (utf8.ValidString(r.Model) && *model != r.Model))) {
+			t.Fatalf("model %q, encoding/json says %v", r.Model, model)
 		}
 		if raw, ok := top["stream"]; ok {
 			var s *bool
@@ -88,6 +104,37 @@ func FuzzParseRequest(f *testing.F) {
 			var msgs []json.RawMessage
 			if err := json.Unmarshal(top["messages"], &msgs); err != nil || len(msgs) != r.Messages {
 				t.Fatalf("%d messages, encoding/json says %d (%v)", r.Messages, len(msgs), err)
+			}
+		}
+		if kind == KindResponses {
+			// input is a string (one item) or an array of objects; a message item has a role.
+			var s string
+			var items []map[string]json.RawMessage
+			switch {
+			case json.Unmarshal(top["input"], &s) == nil:
+				if r.Messages != 1 {
+					t.Fatalf("string input: %d items", r.Messages)
+				}
+			case json.Unmarshal(top["input"], &items) == nil:
+				if len(items) != r.Messages {
+					t.Fatalf("%d items, encoding/json says %d", r.Messages, len(items))
+				}
+				for i, it := range items {
+					var typ *string
+					_ = json.Unmarshal(it["type"], &typ)
+					var role *string
+					_ = json.Unmarshal(it["role"], &role)
+					if (typ == nil || *typ == "message") && role == nil {
+						t.Fatalf("item %d has no role", i)
+					}
+				}
+			default:
+				t.Fatalf("input %s accepted", top["input"])
+			}
+			var prev *string
+			_ = json.Unmarshal(top["previous_response_id"], &prev)
+			if (prev == nil) != (r.PreviousResponseID == "") && utf8.ValidString(r.PreviousResponseID) {
+				t.Fatalf("previous_response_id %q, encoding/json says %v", r.PreviousResponseID, prev)
 			}
 		}
 
@@ -107,6 +154,39 @@ func FuzzParseRequest(f *testing.F) {
 		a.Body, b.Body, a.Model, b.Model = nil, nil, "", ""
 		if !equalRequest(a, b) {
 			t.Fatalf("SetModel changed more than the model:\n%+v\n%+v", show(a), show(b))
+		}
+	})
+}
+
+// FuzzTap: whatever a model server sends, the Tap's counts stay consistent, and observing
+// an event never allocates more than the copy of a changed finish reason.
+func FuzzTap(f *testing.F) {
+	files, _ := filepath.Glob(filepath.Join("testdata", "*.sse"))
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`data: {"type":"response.completed","response":{"status":"completed","output":[{"type":"function_call"}],"usage":{"input_tokens":1,"output_tokens":2,"total_tokens":3}},"sequence_number":4}` + "\n\n"))
+	f.Add([]byte(`{"object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"message","content":[{"type":"output_text","text":"x"}]}]}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var stream, body Tap
+		r := NewReader(bytes.NewReader(in), 1<<16)
+		for {
+			e, err := r.Next()
+			if err != nil {
+				break
+			}
+			stream.Observe(e, time.Unix(int64(stream.Events), 0))
+		}
+		body.ObserveBody(in, time.Unix(0, 0))
+		for _, tap := range []*Tap{&stream, &body} {
+			if tap.TokenEvents > tap.Events || tap.Tokens < 0 || tap.Finished < 0 || tap.Seq < 0 || tap.Gaps > tap.TokenEvents ||
+				(tap.TokenEvents > 0) != !tap.FirstToken.IsZero() {
+				t.Fatalf("inconsistent %+v", tap)
+			}
 		}
 	})
 }

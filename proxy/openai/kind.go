@@ -15,6 +15,7 @@ const (
 	KindCompletion             // POST /v1/completions
 	KindEmbedding              // POST /v1/embeddings
 	KindModels                 // GET /v1/models and GET /v1/models/{id}
+	KindResponses              // POST /v1/responses (the OpenAI Responses API)
 )
 
 // KindOf classifies a request by method and URL path (the path without the query).
@@ -28,6 +29,8 @@ func KindOf(method, path string) Kind {
 			return KindCompletion
 		case "/v1/embeddings":
 			return KindEmbedding
+		case "/v1/responses":
+			return KindResponses
 		}
 	case http.MethodGet:
 		if path == "/v1/models" || (strings.HasPrefix(path, "/v1/models/") && len(path) > len("/v1/models/")) {
@@ -38,10 +41,11 @@ func KindOf(method, path string) Kind {
 }
 
 // Operation returns the GenAI semantic-convention operation name (gen_ai.operation.name):
-// "chat", "text_completion", "embeddings", or "" for the other kinds.
+// "chat", "text_completion", "embeddings", or "" for the other kinds. A Responses request
+// is "chat": the conventions name no operation of its own for it.
 func (k Kind) Operation() string {
 	switch k {
-	case KindChat:
+	case KindChat, KindResponses:
 		return "chat"
 	case KindCompletion:
 		return "text_completion"
@@ -51,7 +55,8 @@ func (k Kind) Operation() string {
 	return ""
 }
 
-// String returns a short name for logs: "chat", "completion", "embedding", "models", "other".
+// String returns a short name for logs: "chat", "completion", "embedding", "models",
+// "responses", "other".
 func (k Kind) String() string {
 	switch k {
 	case KindChat:
@@ -62,6 +67,18 @@ func (k Kind) String() string {
 		return "embedding"
 	case KindModels:
 		return "models"
+	case KindResponses:
+		return "responses"
 	}
 	return "other"
+}
+
+// HasModel reports whether requests of the kind carry a body with a model: chat, completions,
+// embeddings and responses (the kinds ParseRequest parses).
+func (k Kind) HasModel() bool {
+	switch k {
+	case KindChat, KindCompletion, KindEmbedding, KindResponses:
+		return true
+	}
+	return false
 }

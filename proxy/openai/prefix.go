@@ -21,6 +21,15 @@ import (
 //     and other fields are not hashed.
 //   - completions: the text prompts, in order. Token-ID prompts are not hashed.
 //   - embeddings: nothing (PrefixHash is 0: embeddings have no prefix cache to hit).
+//   - Responses: the input's text as chat's messages (message content, function_call names
+//     and arguments, tool outputs, in body order), the tool declarations as chat's, and the
+//     instructions, hashed apart and combined like the tools: the instructions are rendered
+//     first (the system message), but clients send them before or after "input" (the
+//     Python SDK sends "input" first), and the hash must not depend on which. Instructions
+//     that fill PrefixHashBytes make the hash alone, as a long system message does in
+//     chat; shorter ones are combined with the input's first PrefixHashBytes bytes. The
+//     minimum and PrefixLen count the instructions' bytes and the input's together
+//     (PrefixLen at most PrefixHashBytes).
 //
 // Each part is cut at PrefixHashBytes bytes. PrefixHash is 0 when the hashed message or
 // prompt text (separators included, tools not) is shorter than PrefixHashMinBytes: a short
@@ -141,11 +150,42 @@ func prefixHash(text, tools *prefixHasher) uint64 {
 	if h == 0 || tools.n == 0 {
 		return h
 	}
-	t := tools.sum(1)
+	return phCombine(h, tools.sum(1))
+}
+
+// phCombine mixes the hash t of another part into h; never 0.
+func phCombine(h, t uint64) uint64 {
 	h = bits.RotateLeft64(h^(t*phP2), 31) * phP1
 	h ^= h >> 32
 	if h == 0 {
 		h = 1
 	}
 	return h
+}
+
+// prefixHashWith is prefixHash for a prompt with a part hashed apart that comes before its
+// text (a Responses request's instructions): when that part fills PrefixHashBytes it is
+// the whole prefix; else both parts count. The minimum applies to their bytes together,
+// and the length returned is theirs, at most PrefixHashBytes.
+func prefixHashWith(first, text, tools *prefixHasher) (uint64, int) {
+	n := first.n + text.n
+	if first.full() {
+		n = first.n
+	}
+	if n < PrefixHashMinBytes || n == 0 {
+		return 0, 0
+	}
+	var h uint64
+	switch {
+	case first.n == 0:
+		h = text.sum(1)
+	case text.n == 0 || first.full():
+		h = first.sum(1)
+	default:
+		h = phCombine(first.sum(1), text.sum(1))
+	}
+	if tools.n > 0 {
+		h = phCombine(h, tools.sum(1))
+	}
+	return h, min(n, PrefixHashBytes)
 }

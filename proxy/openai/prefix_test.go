@@ -226,3 +226,81 @@ func BenchmarkPrefixHasher(b *testing.B) {
 	}
 	_ = sum
 }
+
+func TestPrefixHashResponses(t *testing.T) {
+	sys := longText("system", 3000) // fills PrefixHashBytes alone
+	sysB := longText("another", 3000)
+	mid := longText("mid", 600)
+	tool := `[{"type":"function","name":"get_weather","parameters":{"type":"object"}}]`
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	rsp := func(fields ...string) string { return `{"model":"m",` + strings.Join(fields, ",") + `}` }
+	in := func(s string) string { return `"input":` + q(s) }
+	ins := func(s string) string { return `"instructions":` + q(s) }
+	tests := []struct {
+		name string
+		a, b string
+		same bool
+	}{
+		{"shared long instructions, different questions", rsp(ins(sys), in("What is the weather?")), rsp(ins(sys), in("Tell me a joke.")), true},
+		{"instructions before or after the input", rsp(ins(sys), in("q")), rsp(in("q"), ins(sys)), true},
+		{"short instructions before or after the input", rsp(ins("Be brief."), in(mid)), rsp(in(mid), ins("Be brief.")), true},
+		{"different long instructions", rsp(ins(sys), in("q")), rsp(ins(sysB), in("q")), false},
+		{"short instructions: the input counts", rsp(ins("Be brief."), in(mid+"a")), rsp(ins("Be brief."), in(mid+"b")), false},
+		{"instructions or none", rsp(ins("Be brief."), in(mid)), rsp(in(mid)), false},
+		{"instructions are not input", rsp(ins(mid), in("")), rsp(in(mid)), false},
+		{"a string input hashes like a user message", rsp(in(mid)), rsp(`"input":[{"role":"user","content":[{"type":"input_text","text":` + q(mid) + `}]}]`), true},
+		{"roles and ids are not hashed", rsp(`"input":[{"role":"user","content":` + q(mid) + `}]`), rsp(`"input":[{"type":"message","id":"x","role":"developer","content":` + q(mid) + `}]`), true},
+		{"function call arguments are prompt text",
+			rsp(`"input":[{"role":"user","content":` + q(mid) + `},{"type":"function_call","call_id":"1","name":"f","arguments":"{\"a\":1}"}]`),
+			rsp(`"input":[{"role":"user","content":` + q(mid) + `},{"type":"function_call","call_id":"1","name":"f","arguments":"{\"a\":2}"}]`), false},
+		{"tools change the hash", rsp(ins(sys), in("q"), `"tools":`+tool), rsp(ins(sys), in("q")), false},
+		{"tools before or after", rsp(`"tools":`+tool, ins(sys), in("q")), rsp(in("q"), ins(sys), `"tools":`+tool), true},
+		{"last instructions win", rsp(ins(sysB), in("q"), ins(sys)), rsp(ins(sys), in("q")), true},
+		{"last input wins", rsp(in(sysB[:400]), ins("Be brief."), in(mid)), rsp(ins("Be brief."), in(mid)), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ha, hb := hashOf(t, KindResponses, []byte(tt.a)), hashOf(t, KindResponses, []byte(tt.b))
+			if ha == 0 || hb == 0 {
+				t.Fatalf("hashes %#x, %#x: want both non-zero", ha, hb)
+			}
+			for _, b := range []string{tt.a, tt.b} {
+				if r, _ := ParseRequest(KindResponses, []byte(b)); r.PrefixLen < PrefixHashMinBytes || r.PrefixLen > PrefixHashBytes {
+					t.Errorf("PrefixLen = %d, want within [%d, %d]", r.PrefixLen, PrefixHashMinBytes, PrefixHashBytes)
+				}
+			}
+			if (ha == hb) != tt.same {
+				t.Fatalf("hashes %#x, %#x: equal = %v, want %v", ha, hb, ha == hb, tt.same)
+			}
+		})
+	}
+	// The minimum counts the instructions and the input together.
+	half := longText("h", PrefixHashMinBytes/2)
+	for _, tt := range []struct {
+		name string
+		body string
+		want bool
+	}{
+		{"short", rsp(ins("Be brief."), in("hi")), false},
+		{"half and half", rsp(ins(half), in(half)), true},
+		{"half alone", rsp(ins(half), in("x")), false},
+		{"long tools do not count", rsp(in("hi"), `"tools":[{"type":"function","name":`+q(sys)+`}]`), false},
+	} {
+		r, err := ParseRequest(KindResponses, []byte(tt.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (r.PrefixHash != 0) != tt.want || (r.PrefixLen != 0) != tt.want {
+			t.Errorf("%s: PrefixHash %#x PrefixLen %d, want set %v", tt.name, r.PrefixHash, r.PrefixLen, tt.want)
+		}
+	}
+	// The hash is computed without allocating.
+	body := responsesBody(1000)
+	if a := testing.AllocsPerRun(50, func() {
+		if r, err := ParseRequest(KindResponses, body); err != nil || r.PrefixHash == 0 {
+			t.Fatal(err)
+		}
+	}); a > 3 {
+		t.Errorf("%v allocations", a)
+	}
+}

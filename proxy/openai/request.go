@@ -10,15 +10,20 @@ import (
 )
 
 // Request is what the policies need to know about a request body, parsed once.
+//
+// For a Responses request (KindResponses) the fields mean the same things under the
+// Responses API's names: MaxTokens is max_output_tokens, Messages counts the input items,
+// ResponseFormat is text.format.type, and N is 1 (the API has no n). IncludeUsage is false:
+// a Responses stream always reports usage in its terminal event.
 type Request struct {
 	Kind           Kind
 	Body           []byte   // the body exactly as received
-	Model          string   // model
+	Model          string   // model; "" when absent or null (the route or the model server picks one)
 	Stream         bool     // stream
 	IncludeUsage   bool     // stream_options.include_usage
-	MaxTokens      int      // max_tokens, else max_completion_tokens, else 0
+	MaxTokens      int      // max_tokens, else max_completion_tokens, else 0; Responses: max_output_tokens
 	N              int      // n (default 1)
-	Messages       int      // number of chat messages
+	Messages       int      // number of chat messages; Responses: input items (a string input is 1)
 	Inputs         int      // number of prompts (completions) or inputs (embeddings)
 	PromptChars    int      // characters of text the model will see (see ParseRequest)
 	PromptTokens   int      // fast estimate of the prompt's tokens (see ParseRequest)
@@ -28,9 +33,16 @@ type Request struct {
 	User           string   // user
 	Temperature    *float64 // temperature, nil if absent or null
 	Seed           *int64   // seed, nil if absent or null
-	ResponseFormat string   // response_format.type: "", "text", "json_object", "json_schema"
+	ResponseFormat string   // response_format.type (Responses: text.format.type): "", "text", "json_object", "json_schema"
 	PrefixHash     uint64   // hash of the prompt's first PrefixHashBytes bytes; 0: none (see prefix.go)
 	PrefixLen      int      // bytes of prompt text PrefixHash covers, up to PrefixHashBytes; 0 with no hash
+
+	// Responses API only: the server-side state a request refers to or creates. A response
+	// is stored by the model server that produced it, so a request that names one must
+	// reach that server, and so must a background request's later polls.
+	PreviousResponseID string // previous_response_id: the stored response this one continues; "" if none
+	Store              *bool  // store: whether the server keeps the response; nil if absent or null (the server's default applies; OpenAI's is to store)
+	Background         bool   // background: the server answers at once with a queued response, to be polled
 }
 
 // ReadBody reads a request body of at most limit bytes (limit <= 0: no limit). It reads at
@@ -72,9 +84,13 @@ func tooLarge(limit int64) *Error {
 		fmt.Sprintf("Request body too large: the limit is %d bytes.", limit))
 }
 
-// ParseRequest parses the body of a chat, completion or embedding request in one pass over
-// the bytes, without copying them and without building a tree. For KindModels and
-// KindOther it parses nothing and returns a Request with Kind, Body and N = 1.
+// ParseRequest parses the body of a chat, completion, embedding or Responses request in
+// one pass over the bytes, without copying them and without building a tree. For
+// KindModels and KindOther it parses nothing and returns a Request with Kind, Body and N = 1.
+//
+// The model is not required: when it is absent or null, Model is "" and the caller decides
+// whether the route supplies one (a model server such as vLLM serves its default model).
+// An empty string is an error.
 //
 // Errors are *Error with status 400 and type "invalid_request_error":
 //
@@ -82,12 +98,14 @@ func tooLarge(limit int64) *Error {
 //     Malformed JSON wins over every other error, so this is exactly !json.Valid(body).
 //   - "invalid_type": the body is not an object, or a field has the wrong JSON type; the
 //     message names the field and the expected type, Param is the field
-//     ("messages[2].content").
-//   - "missing_field": model; messages (chat); prompt (completions); input (embeddings);
-//     messages[i].role. A null counts as missing.
-//   - "invalid_value": empty model, empty messages, empty prompt or input array, empty
-//     embedding input string, negative max_tokens or max_completion_tokens, n < 1, an
-//     integer out of range, a tool_choice string other than auto/none/required.
+//     ("messages[2].content", "input[1].arguments").
+//   - "missing_field": messages (chat); prompt (completions); input (embeddings and
+//     Responses); messages[i].role; input[i].role of a Responses message item (one with
+//     no type or type "message"). A null counts as missing.
+//   - "invalid_value": an empty model string, empty messages, empty prompt or input array
+//     (completions and embeddings), empty embedding input string, negative max_tokens,
+//     max_completion_tokens or max_output_tokens, n < 1, an integer out of range, a
+//     tool_choice string other than auto/none/required.
 //
 // Only the first error is reported. Keys match exactly (JSON keys are case-sensitive, and
 // \u escapes in keys are decoded) and, for a key given twice, the last one wins, as the
@@ -102,6 +120,19 @@ func tooLarge(limit int64) *Error {
 // PromptTokens estimates the prompt's tokens from the same text with the weights of
 // EstimateTextTokens, plus the exact count of prompts and inputs given as token IDs, plus
 // 4 tokens a chat message and 3 for the reply's priming (chat-template overhead).
+//
+// A Responses request counts the same way: the instructions (rendered as a system
+// message, so 4 tokens of overhead like a message), the input (a string, or the items:
+// message content, the name and arguments of a function_call, the output of a
+// function_call_output or custom_tool_call_output, the name and input of a
+// custom_tool_call, the text of a reasoning item's summary and content parts), and the
+// JSON of the tool declarations (flat function tools and built-in tools alike). An item's
+// fields are read by name whatever its type, so that it is read in one pass wherever its
+// "type" is (vLLM's own types put it last); the checks that depend on the type (a
+// message's role, the type of a tool output) are made at the end of the item. Items of
+// other types (computer calls, web searches, item references) are validated and only
+// those fields are read from them. An empty input array is accepted: a turn may add
+// nothing to previous_response_id or the instructions.
 //
 // Depth is the maximal structural depth of message content, where 1 means flat:
 //
@@ -121,10 +152,14 @@ func tooLarge(limit int64) *Error {
 //
 // Depth is the maximum over all messages (0 if none has content). For completions and
 // embeddings, prompts and inputs given as text count the same way (token-ID arrays are 1).
+// For Responses, the instructions and every input item count: message and reasoning
+// content as content, function_call arguments as tool-call arguments (their object an
+// envelope), the output of a function_call_output as a tool result (a string, or content
+// parts); an output that is an object (a computer call's screenshot) counts as a value.
 func ParseRequest(kind Kind, body []byte) (*Request, error) {
 	req := &Request{Kind: kind, Body: body, N: 1}
 	switch kind {
-	case KindChat, KindCompletion, KindEmbedding:
+	case KindChat, KindCompletion, KindEmbedding, KindResponses:
 	default:
 		return req, nil
 	}
@@ -187,8 +222,10 @@ type parser struct {
 	scratch []byte // decoded JSON text embedded in strings
 
 	prefix, toolsPrefix prefixHasher // Request.PrefixHash: prompt text, tool declarations
+	instrPrefix         prefixHasher // Responses: the instructions, which may come before or after the input
 
 	haveModel, haveMessages, havePrompt bool
+	haveInput, haveInstructions         bool // Responses
 	maxTokens, maxCompletion            int64
 	haveMax, haveMaxCompletion          bool
 }
@@ -237,13 +274,30 @@ func (p *parser) parse() {
 		return
 	}
 	p.i++
+	// The Responses API names some fields differently and has no n, stream_options,
+	// response_format or functions: a Responses request's fields of the other APIs, and the
+	// other APIs' Responses fields, are skipped as unknown (the model server ignores them).
+	resp := req.Kind == KindResponses
 	for first := true; ; {
 		key, esc, ok := p.member(&first)
 		if !ok {
 			break
 		}
 		var kb [32]byte
-		switch string(keyText(key, esc, kb[:])) {
+		kt := keyText(key, esc, kb[:])
+		switch string(kt) {
+		case "stream_options", "max_tokens", "max_completion_tokens", "n", "response_format", "functions", "messages", "prompt":
+			if resp {
+				p.skip(nil)
+				continue
+			}
+		case "max_output_tokens", "instructions", "text", "previous_response_id", "store", "background":
+			if !resp {
+				p.skip(nil)
+				continue
+			}
+		}
+		switch string(kt) {
 		case "model":
 			if raw, esc, ok := p.optString(at("model"), "a string"); ok {
 				p.haveModel = true
@@ -259,12 +313,31 @@ func (p *parser) parse() {
 			p.maxTokens, p.haveMax = p.optCount(at("max_tokens"), 0)
 		case "max_completion_tokens":
 			p.maxCompletion, p.haveMaxCompletion = p.optCount(at("max_completion_tokens"), 0)
+		case "max_output_tokens":
+			p.maxTokens, p.haveMax = p.optCount(at("max_output_tokens"), 0)
 		case "n":
 			if n, ok := p.optCount(at("n"), 1); ok {
 				req.N = int(n)
 			} else {
 				req.N = 1
 			}
+		case "instructions":
+			p.instructions()
+		case "text":
+			p.textConfig()
+		case "previous_response_id":
+			if raw, esc, ok := p.optString(at("previous_response_id"), "a string"); ok {
+				req.PreviousResponseID = string(decoded(raw, esc))
+			} else {
+				req.PreviousResponseID = ""
+			}
+		case "store":
+			req.Store = nil
+			if v, ok := p.optBool(at("store")); ok {
+				req.Store = &v
+			}
+		case "background":
+			req.Background, _ = p.optBool(at("background"))
 		case "user":
 			if raw, esc, ok := p.optString(at("user"), "a string"); ok {
 				req.User = string(decoded(raw, esc))
@@ -299,9 +372,12 @@ func (p *parser) parse() {
 				p.skip(nil)
 			}
 		case "input":
-			if req.Kind == KindEmbedding {
+			switch req.Kind {
+			case KindEmbedding:
 				p.prompts("input", true)
-			} else {
+			case KindResponses:
+				p.input()
+			default:
 				p.skip(nil)
 			}
 		default:
@@ -315,10 +391,8 @@ func (p *parser) parse() {
 		p.fail(p.i, errTrailing)
 		return
 	}
-	// Required fields and cross-field values.
-	if !p.haveModel {
-		p.semantic(codeMissingField, at("model"), "Missing required parameter: 'model'.")
-	} else if req.Model == "" {
+	// Required fields and cross-field values. A missing model is the caller's to settle.
+	if p.haveModel && req.Model == "" {
 		p.valueErr(at("model"), "must not be empty")
 	}
 	switch req.Kind {
@@ -336,6 +410,10 @@ func (p *parser) parse() {
 		if !p.havePrompt {
 			p.semantic(codeMissingField, at("input"), "Missing required parameter: 'input'.")
 		}
+	case KindResponses:
+		if !p.haveInput {
+			p.semantic(codeMissingField, at("input"), "Missing required parameter: 'input'.")
+		}
 	}
 	switch {
 	case p.haveMax:
@@ -344,14 +422,28 @@ func (p *parser) parse() {
 		req.MaxTokens = int(p.maxCompletion)
 	}
 	req.PromptChars = p.stats.chars
-	if req.Kind != KindEmbedding {
+	switch req.Kind {
+	case KindEmbedding:
+	case KindResponses:
+		req.PrefixHash, req.PrefixLen = prefixHashWith(&p.instrPrefix, &p.prefix, &p.toolsPrefix)
+	default:
 		if req.PrefixHash = prefixHash(&p.prefix, &p.toolsPrefix); req.PrefixHash != 0 {
 			req.PrefixLen = p.prefix.n
 		}
 	}
 	req.PromptTokens = p.stats.tokens() + p.tokenID
-	if req.Kind == KindChat && req.Messages > 0 {
-		req.PromptTokens += 4*req.Messages + 3
+	switch msgs := req.Messages; req.Kind {
+	case KindChat:
+		if msgs > 0 {
+			req.PromptTokens += 4*msgs + 3
+		}
+	case KindResponses:
+		if p.haveInstructions {
+			msgs++ // the instructions are the system message
+		}
+		if msgs > 0 {
+			req.PromptTokens += 4*msgs + 3
+		}
 	}
 }
 
@@ -501,12 +593,101 @@ func (p *parser) responseFormat() {
 		if equalString(key, esc, "type") {
 			l := loc{name: "response_format", i: -1, j: -1, field: "type"}
 			if raw, esc, ok := p.optString(l, "a string"); ok {
-				p.req.ResponseFormat = string(decoded(raw, esc))
+				p.req.ResponseFormat = formatName(raw, esc)
 			}
 		} else {
 			p.skip(nil)
 		}
 	}
+}
+
+// formatName returns a response format's type, without allocating for the known ones.
+func formatName(raw []byte, esc bool) string {
+	var buf [16]byte
+	switch string(keyText(raw, esc, buf[:])) {
+	case "text":
+		return "text"
+	case "json_object":
+		return "json_object"
+	case "json_schema":
+		return "json_schema"
+	}
+	return string(decoded(raw, esc))
+}
+
+// textConfig reads a Responses request's "text": {"format":{"type":...,"name","schema",
+// "strict"},"verbosity":...}; ResponseFormat is text.format.type.
+func (p *parser) textConfig() {
+	p.req.ResponseFormat = ""
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		return
+	case '{':
+	default:
+		p.typeErr(at("text"), "an object or null")
+		return
+	}
+	p.i++
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			return
+		}
+		if !equalString(key, esc, "format") {
+			p.skip(nil)
+			continue
+		}
+		l := loc{name: "text", i: -1, field: "format", j: -1}
+		p.req.ResponseFormat = ""
+		switch p.peek() {
+		case 'n':
+			p.skip(nil)
+			continue
+		case '{':
+		default:
+			p.typeErr(l, "an object or null")
+			continue
+		}
+		p.i++
+		l.sub = "type"
+		for f2 := true; ; {
+			key, esc, ok := p.member(&f2)
+			if !ok {
+				break
+			}
+			if !equalString(key, esc, "type") {
+				p.skip(nil)
+				continue
+			}
+			p.req.ResponseFormat = ""
+			if raw, esc, ok := p.optString(l, "a string"); ok {
+				p.req.ResponseFormat = formatName(raw, esc)
+			}
+		}
+	}
+}
+
+// instructions reads a Responses request's instructions: prompt text, rendered as the
+// system message, hashed apart from the input (clients send it before or after "input").
+func (p *parser) instructions() {
+	p.haveInstructions = false
+	p.instrPrefix = prefixHasher{} // the last "instructions" wins
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		return
+	case '"':
+		if raw, esc, ok := p.strStats(&p.stats); ok {
+			p.haveInstructions = true
+			d, _ := embeddedDepth(raw, esc, &p.scratch)
+			p.depth(d)
+			p.instrPrefix.write(raw)
+			p.instrPrefix.sep()
+		}
+		return
+	}
+	p.typeErr(at("instructions"), "a string or null")
 }
 
 // tools counts the declared tools and adds their JSON to the prompt text.
@@ -567,9 +748,11 @@ func (p *parser) toolChoice() {
 		p.typeErr(at("tool_choice"), "a string or an object")
 		return
 	}
-	// {"type":"function","function":{"name":"f"}} (also "custom"); else the type.
+	// {"type":"function","function":{"name":"f"}} (also "custom"); Responses:
+	// {"type":"function","name":"f"} (also "custom", "mcp"); else the type.
 	p.i++
 	var typ, name []byte
+	resp := req.Kind == KindResponses
 	for first := true; ; {
 		key, esc, ok := p.member(&first)
 		if !ok {
@@ -586,8 +769,16 @@ func (p *parser) toolChoice() {
 				continue
 			}
 			p.skip(nil)
+		case "name":
+			if resp && p.peek() == '"' {
+				if raw, esc, ok := p.str(); ok {
+					name = decoded(raw, esc)
+				}
+				continue
+			}
+			p.skip(nil)
 		case "function", "custom":
-			if p.peek() != '{' {
+			if resp || p.peek() != '{' {
 				p.skip(nil)
 				continue
 			}
@@ -696,7 +887,11 @@ func (p *parser) hashText(raw []byte) {
 	}
 }
 
-func (p *parser) content(i int) {
+func (p *parser) content(i int) { p.contentAt(loc{name: "messages", i: i, field: "content", j: -1}) }
+
+// contentAt measures message content at the cursor (a string, content parts, or null);
+// l names it for errors.
+func (p *parser) contentAt(l loc) {
 	switch p.peek() {
 	case '"':
 		p.text()
@@ -706,13 +901,14 @@ func (p *parser) content(i int) {
 		return
 	case '[':
 	default:
-		p.typeErr(loc{name: "messages", i: i, field: "content", j: -1}, "a string, an array of content parts, or null")
+		p.typeErr(l, "a string, an array of content parts, or null")
 		return
 	}
 	p.i++
 	for first, j := true, 0; p.elem(&first); j++ {
 		if p.peek() != '{' {
-			p.typeErr(loc{name: "messages", i: i, field: "content", j: j}, "an object")
+			l.j = j
+			p.typeErr(l, "an object")
 			continue
 		}
 		p.part()
@@ -837,31 +1033,153 @@ func (p *parser) function(l loc) {
 			}
 			p.skip(nil)
 		case equalString(key, esc, "arguments"):
-			switch p.peek() {
+			al := l
+			if al.sub != "" {
+				al.sub += ".arguments"
+			} else {
+				al.sub = "arguments"
+			}
+			p.arguments(al)
+		default:
+			p.skip(nil)
+		}
+	}
+}
+
+// arguments measures tool-call arguments at the cursor: a string (when it is JSON text, its
+// top-level object is an envelope) or null; anything else is a type error at l.
+func (p *parser) arguments(l loc) {
+	switch p.peek() {
+	case '"':
+		raw, esc, ok := p.strStats(&p.stats)
+		if !ok {
+			return
+		}
+		p.hashText(raw)
+		d, isJSON := embeddedDepth(raw, esc, &p.scratch)
+		if isJSON {
+			d = max(d-1, 1) // the arguments object is an envelope
+		}
+		p.depth(d)
+	case 'n':
+		p.skip(nil)
+	default:
+		p.typeErr(l, "a string")
+	}
+}
+
+// input reads a Responses request's input: a string (one user message) or an array of
+// items.
+func (p *parser) input() {
+	req := p.req
+	req.Messages = 0
+	p.prefix = prefixHasher{} // the last "input" wins
+	switch p.peek() {
+	case 'n':
+		p.skip(nil)
+		p.haveInput = false
+		return
+	case '"':
+		p.haveInput = true
+		req.Messages = 1
+		p.text()
+		return
+	case '[':
+	default:
+		p.typeErr(at("input"), "a string or an array of input items")
+		return
+	}
+	p.haveInput = true
+	p.i++
+	for first, i := true, 0; p.elem(&first); i++ {
+		p.inputItem(i)
+	}
+}
+
+// inputItem measures one input item: a message ({"role","content"}, type absent or
+// "message"), a function_call ({"call_id","name","arguments"}), a function_call_output
+// ({"call_id","output"}), a reasoning item ({"summary","content"}), a custom tool call or
+// its output, or another type (validated and skipped). The fields are read by name,
+// whatever the type and wherever "type" is; the checks that need the type come at the end.
+func (p *parser) inputItem(i int) {
+	l := loc{name: "input", i: i, j: -1}
+	if p.peek() != '{' {
+		p.typeErr(l, "an object")
+		return
+	}
+	p.i++
+	p.req.Messages++
+	var (
+		typ              []byte
+		typEsc           bool
+		hasType, hasRole bool
+		output           byte // the first byte of an "output" that is not a string, array or null
+	)
+	for first := true; ; {
+		key, esc, ok := p.member(&first)
+		if !ok {
+			break
+		}
+		var kb [32]byte
+		switch string(keyText(key, esc, kb[:])) {
+		case "type":
+			l.field = "type"
+			typ, typEsc, hasType = p.optString(l, "a string")
+		case "role":
+			l.field = "role"
+			_, _, hasRole = p.optString(l, "a string")
+		case "content":
+			l.field = "content"
+			p.contentAt(l)
+		case "summary":
+			if p.peek() == '[' {
+				l.field = "summary"
+				p.contentAt(l)
+			} else {
+				p.skip(nil)
+			}
+		case "name", "input": // a function's name; a custom tool call's input
+			if p.peek() == '"' {
+				if raw, _, ok := p.strStats(&p.stats); ok {
+					p.hashText(raw)
+				}
+				continue
+			}
+			p.skip(nil)
+		case "arguments":
+			l.field = "arguments"
+			p.arguments(l)
+		case "output":
+			switch c := p.peek(); c {
 			case '"':
-				raw, esc, ok := p.strStats(&p.stats)
-				if !ok {
-					return
-				}
-				p.hashText(raw)
-				d, isJSON := embeddedDepth(raw, esc, &p.scratch)
-				if isJSON {
-					d = max(d-1, 1) // the arguments object is an envelope
-				}
-				p.depth(d)
+				p.text() // a tool result, measured as content
+			case '[':
+				l.field = "output"
+				p.contentAt(l)
 			case 'n':
 				p.skip(nil)
 			default:
-				al := l
-				if al.sub != "" {
-					al.sub += ".arguments"
-				} else {
-					al.sub = "arguments"
-				}
-				p.typeErr(al, "a string")
+				output = c // fine for other items (a computer call's screenshot object)
+				p.depth(p.skip(&p.scratch))
 			}
 		default:
 			p.skip(nil)
+		}
+		l.field, l.j = "", -1
+	}
+	if !p.ok() {
+		return
+	}
+	switch {
+	case !hasType || equalString(typ, typEsc, "message"):
+		if !hasRole {
+			l.field = "role"
+			p.semantic(codeMissingField, l, fmt.Sprintf("Missing required parameter: '%s'.", l))
+		}
+	case output != 0 && (equalString(typ, typEsc, "function_call_output") || equalString(typ, typEsc, "custom_tool_call_output")):
+		if p.err == nil {
+			l.field = "output"
+			p.semantic(codeInvalidType, l, fmt.Sprintf("Invalid type for '%s': expected a string or an array of content parts, but got %s instead.", l, typeName(output)))
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 func ptrF(f float64) *float64 { return &f }
 func ptrI(i int64) *int64     { return &i }
+func ptrB(b bool) *bool       { return &b }
 
 // sizes says which of the size fields a case checks; -1 leaves one unchecked.
 type sizes struct{ chars, tokens, depth int }
@@ -184,6 +185,169 @@ func TestParseRequestValid(t *testing.T) {
 			size: sizes{-1, -1, -1},
 		},
 		{
+			name: "chat without a model",
+			kind: KindChat,
+			body: `{"messages":[{"role":"user","content":"x"}]}`,
+			want: Request{N: 1, Messages: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "null model",
+			kind: KindChat,
+			body: `{"model":null,"messages":[{"role":"user","content":"x"}]}`,
+			want: Request{N: 1, Messages: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "last model null",
+			kind: KindChat,
+			body: `{"model":"a","messages":[{"role":"user","content":"x"}],"model":null}`,
+			want: Request{N: 1, Messages: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "completion without a model",
+			kind: KindCompletion,
+			body: `{"prompt":"x"}`,
+			want: Request{N: 1, Inputs: 1},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "embedding without a model",
+			kind: KindEmbedding,
+			body: `{"input":["a","b"],"model":null}`,
+			want: Request{N: 1, Inputs: 2},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "chat skips the Responses fields",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"input":{},"instructions":5,"max_output_tokens":"x",
+				"text":1,"previous_response_id":2,"store":"y","background":3}`,
+			want: Request{Model: "m", N: 1, Messages: 1},
+			size: sizes{chars: 1, tokens: 8, depth: 1},
+		},
+		{
+			name: "chat tool_choice does not take the Responses form",
+			kind: KindChat,
+			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","name":"f"}}`,
+			want: Request{Model: "m", N: 1, Messages: 1, ToolChoice: "function"},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "responses string input",
+			kind: KindResponses,
+			body: `{"model":"gpt-oss","input":"Hello"}`,
+			want: Request{Model: "gpt-oss", N: 1, Messages: 1},
+			// 5 letters = 10/8 → 2 tokens, + 4 for the message + 3 priming.
+			size: sizes{chars: 5, tokens: 2 + 4 + 3, depth: 1},
+		},
+		{
+			name: "responses without a model",
+			kind: KindResponses,
+			body: `{"input":"Hello"}`,
+			want: Request{N: 1, Messages: 1},
+			size: sizes{chars: 5, tokens: 9, depth: 1},
+		},
+		{
+			name: "responses all scalars",
+			kind: KindResponses,
+			body: `{"model":"m","input":"Hi","instructions":"Be brief.","stream":true,"max_output_tokens":128,"temperature":0.5,
+				"seed":7,"user":"alice","tool_choice":"required","parallel_tool_calls":false,"metadata":{"k":"v"},
+				"text":{"format":{"type":"json_schema","name":"person","schema":{"type":"object","properties":{"a":{"type":"string"}}},"strict":true},"verbosity":"low"},
+				"previous_response_id":"resp_123","store":false,"background":true,"reasoning":{"effort":"low"},"truncation":"auto",
+				"include":["reasoning.encrypted_content"],"top_p":1}`,
+			want: Request{Model: "m", Stream: true, MaxTokens: 128, N: 1, Messages: 1, User: "alice", Temperature: ptrF(0.5),
+				Seed: ptrI(7), ToolChoice: "required", ResponseFormat: "json_schema", PreviousResponseID: "resp_123",
+				Store: ptrB(false), Background: true},
+			// "Hi" (4) + "Be brief." (8 letters and spaces: 16, a period: 5) = 25/8 → 4 tokens,
+			// + 4 for the input message + 4 for the instructions + 3 priming.
+			size: sizes{chars: 11, tokens: 4 + 8 + 3, depth: 1},
+		},
+		{
+			name: "responses skip the other APIs' fields",
+			kind: KindResponses,
+			body: `{"model":"m","input":"x","max_tokens":"5","max_completion_tokens":5,"n":3,"response_format":{"type":"json_object"},
+				"stream_options":{"include_usage":true},"messages":5,"prompt":1,"functions":"f"}`,
+			want: Request{Model: "m", N: 1, Messages: 1},
+			size: sizes{chars: 1, tokens: 8, depth: 1},
+		},
+		{
+			name: "responses input items",
+			kind: KindResponses,
+			body: `{"model":"m","tool_choice":{"type":"function","name":"get_weather"},
+				"tools":[{"type":"function","name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true},{"type":"web_search_preview"}],
+				"input":[
+				 {"role":"user","content":"Weather in Paris?"},
+				 {"type":"message","role":"assistant","id":"msg_1","status":"completed","content":[{"type":"output_text","text":"Let me check.","annotations":[]}]},
+				 {"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+				 {"type":"function_call_output","call_id":"c1","output":"{\"temp\":21,\"sky\":\"clear\"}"},
+				 {"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"Think"}],"encrypted_content":"gAAAA"},
+				 {"type":"item_reference","id":"msg_0"},
+				 {"role":"user","content":[{"type":"input_text","text":"And tomorrow?"},{"type":"input_image","image_url":"https://x/y.png","detail":"low"}]}]}`,
+			want: Request{Model: "m", N: 1, Messages: 7, Tools: 2, ToolChoice: "get_weather"},
+			// The tool output is {"temp":...} (2); the arguments' object is an envelope (1).
+			size: sizes{chars: -1, tokens: -1, depth: 2},
+		},
+		{
+			name: "responses fields before the item type",
+			kind: KindResponses,
+			body: `{"input":[{"content":"x","role":"user","type":"message"},{"arguments":"{\"a\":{\"b\":1}}","name":"f","call_id":"c","type":"function_call"},
+				{"output":{"type":"computer_screenshot","image_url":"data:"},"call_id":"c","type":"computer_call_output"}],"model":"m"}`,
+			want: Request{Model: "m", N: 1, Messages: 3},
+			size: sizes{chars: -1, tokens: -1, depth: 2},
+		},
+		{
+			name: "responses tool outputs as content parts, custom tools",
+			kind: KindResponses,
+			body: `{"model":"m","input":[{"type":"custom_tool_call","call_id":"c","name":"sh","input":"ls"},
+				{"type":"custom_tool_call_output","call_id":"c","output":"a b"},
+				{"type":"function_call_output","call_id":"d","output":[{"type":"input_text","text":"ok"},{"type":"input_image","image_url":"u"}]},
+				{"type":"function_call_output","call_id":"e","output":null}]}`,
+			want: Request{Model: "m", N: 1, Messages: 4},
+			// "sh" "ls" "a b" "ok": 9 characters.
+			size: sizes{chars: 9, tokens: -1, depth: 1},
+		},
+		{
+			name: "responses escaped keys, duplicates",
+			kind: KindResponses,
+			body: `{"model":"m","input":[{"role":"user","content":"a"},{"role":"user","content":"b"}],"input":"c",
+				"text":{"format":{"type":"json_object"}},"text":{"format":{"type":"json_object","type":"text"}},
+				"store":true,"store":null,"max_output_tokens":5,"max_output_tokens":null,"previous_response_id":"r","previous_response_id":null,
+				"instructions":"x","instructions":null,"background":true,"background":false,"tool_choice":"auto","tool_choice":null}`,
+			want: Request{Model: "m", N: 1, Messages: 1, ResponseFormat: "text"},
+			size: sizes{chars: -1, tokens: 1 + 4 + 3, depth: 1},
+		},
+		{
+			name: "responses tool_choice does not take the chat form",
+			kind: KindResponses,
+			body: `{"model":"m","input":"x","tool_choice":{"type":"function","function":{"name":"f"}}}`,
+			want: Request{Model: "m", N: 1, Messages: 1, ToolChoice: "function"},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "responses hosted tool choice",
+			kind: KindResponses,
+			body: `{"model":"m","input":"x","tool_choice":{"type":"web_search_preview"},"tools":[{"type":"web_search_preview"}]}`,
+			want: Request{Model: "m", N: 1, Messages: 1, Tools: 1, ToolChoice: "web_search_preview"},
+			size: sizes{-1, -1, -1},
+		},
+		{
+			name: "responses empty input",
+			kind: KindResponses,
+			body: `{"model":"m","input":[],"previous_response_id":"resp_1"}`,
+			want: Request{Model: "m", N: 1, PreviousResponseID: "resp_1"},
+			size: sizes{chars: 0, tokens: 0, depth: 0},
+		},
+		{
+			name: "responses empty input with instructions",
+			kind: KindResponses,
+			body: `{"model":"m","input":[],"instructions":"abcd"}`,
+			want: Request{Model: "m", N: 1},
+			// "abcd" 1 token, + 4 for the instructions + 3 priming.
+			size: sizes{chars: 4, tokens: 1 + 4 + 3, depth: 1},
+		},
+		{
 			name: "white space everywhere",
 			kind: KindChat,
 			body: " \r\n\t{ \"model\" : \"m\" , \"messages\" : [ { \"role\" : \"user\" , \"content\" : \"x\" } ] } \n",
@@ -311,8 +475,6 @@ func TestParseRequestErrors(t *testing.T) {
 		{"first type error wins", KindChat, `{"model":"m","n":"2","stream":1,"messages":[{"role":"user","content":"x"}]}`, codeInvalidType, "n", ""},
 
 		// Missing fields.
-		{"no model", KindChat, `{"messages":[{"role":"user","content":"x"}]}`, codeMissingField, "model", "'model'"},
-		{"null model", KindChat, `{"model":null,"messages":[{"role":"user","content":"x"}]}`, codeMissingField, "model", ""},
 		{"no messages", KindChat, `{"model":"m"}`, codeMissingField, "messages", "'messages'"},
 		{"null messages", KindChat, `{"model":"m","messages":null}`, codeMissingField, "messages", ""},
 		{"no role", KindChat, `{"model":"m","messages":[{"content":"x"}]}`, codeMissingField, "messages[0].role", ""},
@@ -321,6 +483,9 @@ func TestParseRequestErrors(t *testing.T) {
 
 		// Invalid values.
 		{"empty model", KindChat, `{"model":"","messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "model", "empty"},
+		{"empty model after a null", KindChat, `{"model":null,"messages":[{"role":"user","content":"x"}],"model":""}`, codeInvalidValue, "model", "empty"},
+		{"empty completion model", KindCompletion, `{"model":"","prompt":"x"}`, codeInvalidValue, "model", "empty"},
+		{"empty embedding model", KindEmbedding, `{"model":"","input":"x"}`, codeInvalidValue, "model", "empty"},
 		{"empty messages", KindChat, `{"model":"m","messages":[]}`, codeInvalidValue, "messages", "at least one"},
 		{"negative max_tokens", KindChat, chat(`,"max_tokens":-1`), codeInvalidValue, "max_tokens", "at least 0, got -1"},
 		{"negative max_completion_tokens", KindChat, chat(`,"max_completion_tokens":-5`), codeInvalidValue, "max_completion_tokens", "got -5"},
@@ -331,6 +496,51 @@ func TestParseRequestErrors(t *testing.T) {
 		{"empty input array", KindEmbedding, `{"model":"m","input":[]}`, codeInvalidValue, "input", "empty"},
 		{"empty input string", KindEmbedding, `{"model":"m","input":""}`, codeInvalidValue, "input", "empty string"},
 		{"temperature overflow", KindChat, chat(`,"temperature":1e999`), codeInvalidValue, "temperature", "out of range"},
+
+		// Responses.
+		{"responses syntax error in an item", KindResponses, `{"model":"m","input":[{"type":"function_call","arguments":"{"}`, codeInvalidJSON, "", ""},
+		{"responses syntax error wins", KindResponses, `{"model":5,"input":[{"role":"user","content":[}]}`, codeInvalidJSON, "", ""},
+		{"responses not an object", KindResponses, `"hi"`, codeInvalidType, "", "expected an object"},
+		{"responses model", KindResponses, `{"model":["m"],"input":"x"}`, codeInvalidType, "model", "a string"},
+		{"responses input number", KindResponses, `{"model":"m","input":5}`, codeInvalidType, "input", "a string or an array of input items"},
+		{"responses input object", KindResponses, `{"input":{"role":"user","content":"x"}}`, codeInvalidType, "input", "a string or an array of input items"},
+		{"responses token IDs", KindResponses, `{"model":"m","input":[1,2,3]}`, codeInvalidType, "input[0]", "an object"},
+		{"responses item string", KindResponses, `{"model":"m","input":[{"role":"user","content":"x"},"y"]}`, codeInvalidType, "input[1]", "an object"},
+		{"responses item type", KindResponses, `{"model":"m","input":[{"type":5,"role":"user"}]}`, codeInvalidType, "input[0].type", "a string"},
+		{"responses role", KindResponses, `{"model":"m","input":[{"role":1,"content":"x"}]}`, codeInvalidType, "input[0].role", "a string"},
+		{"responses content", KindResponses, `{"model":"m","input":[{"role":"user","content":5}]}`, codeInvalidType, "input[0].content", "a string, an array of content parts, or null"},
+		{"responses content part", KindResponses, `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"},"y"]}]}`, codeInvalidType, "input[0].content[1]", "an object"},
+		{"responses arguments", KindResponses, `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":{"a":1}}]}`, codeInvalidType, "input[0].arguments", "a string"},
+		{"responses output object", KindResponses, `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":{"a":1}}]}`, codeInvalidType, "input[0].output", "a string or an array of content parts, but got an object"},
+		{"responses output before its type", KindResponses, `{"model":"m","input":[{"output":5,"call_id":"c","type":"function_call_output"}]}`, codeInvalidType, "input[0].output", "but got a number"},
+		{"responses custom output", KindResponses, `{"model":"m","input":[{"type":"custom_tool_call_output","call_id":"c","output":true}]}`, codeInvalidType, "input[0].output", "a boolean"},
+		{"responses output part", KindResponses, `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":[1]}]}`, codeInvalidType, "input[0].output[0]", "an object"},
+		{"responses instructions", KindResponses, `{"model":"m","input":"x","instructions":["a"]}`, codeInvalidType, "instructions", "a string or null"},
+		{"responses max_output_tokens", KindResponses, `{"model":"m","input":"x","max_output_tokens":"100"}`, codeInvalidType, "max_output_tokens", "an integer"},
+		{"responses max_output_tokens decimal", KindResponses, `{"model":"m","input":"x","max_output_tokens":1.5}`, codeInvalidType, "max_output_tokens", "decimal"},
+		{"responses stream", KindResponses, `{"model":"m","input":"x","stream":"true"}`, codeInvalidType, "stream", "a boolean"},
+		{"responses temperature", KindResponses, `{"model":"m","input":"x","temperature":"0"}`, codeInvalidType, "temperature", "a number"},
+		{"responses seed", KindResponses, `{"model":"m","input":"x","seed":"1"}`, codeInvalidType, "seed", "an integer"},
+		{"responses user", KindResponses, `{"model":"m","input":"x","user":7}`, codeInvalidType, "user", "a string"},
+		{"responses text", KindResponses, `{"model":"m","input":"x","text":"json"}`, codeInvalidType, "text", "an object or null"},
+		{"responses text.format", KindResponses, `{"model":"m","input":"x","text":{"format":"json_object"}}`, codeInvalidType, "text.format", "an object or null"},
+		{"responses text.format.type", KindResponses, `{"model":"m","input":"x","text":{"format":{"type":1}}}`, codeInvalidType, "text.format.type", "a string"},
+		{"responses previous_response_id", KindResponses, `{"model":"m","input":"x","previous_response_id":1}`, codeInvalidType, "previous_response_id", "a string"},
+		{"responses store", KindResponses, `{"model":"m","input":"x","store":"no"}`, codeInvalidType, "store", "a boolean"},
+		{"responses background", KindResponses, `{"model":"m","input":"x","background":1}`, codeInvalidType, "background", "a boolean"},
+		{"responses tools", KindResponses, `{"model":"m","input":"x","tools":{"type":"function","name":"f"}}`, codeInvalidType, "tools", "an array"},
+		{"responses tools element", KindResponses, `{"model":"m","input":"x","tools":[{"type":"function","name":"f"},"web_search"]}`, codeInvalidType, "tools[1]", "an object"},
+		{"responses tool_choice", KindResponses, `{"model":"m","input":"x","tool_choice":true}`, codeInvalidType, "tool_choice", "a string or an object"},
+		{"responses no input", KindResponses, `{"model":"m","instructions":"x"}`, codeMissingField, "input", "'input'"},
+		{"responses null input", KindResponses, `{"model":"m","input":null}`, codeMissingField, "input", ""},
+		{"responses input null last", KindResponses, `{"model":"m","input":"x","input":null}`, codeMissingField, "input", ""},
+		{"responses no role", KindResponses, `{"model":"m","input":[{"content":"x"}]}`, codeMissingField, "input[0].role", "'input[0].role'"},
+		{"responses message without role", KindResponses, `{"model":"m","input":[{"role":"user","content":"x"},{"content":"y","type":"message"}]}`, codeMissingField, "input[1].role", ""},
+		{"responses null role", KindResponses, `{"model":"m","input":[{"role":null,"content":"x"}]}`, codeMissingField, "input[0].role", ""},
+		{"responses empty model", KindResponses, `{"model":"","input":"x"}`, codeInvalidValue, "model", "empty"},
+		{"responses negative max_output_tokens", KindResponses, `{"model":"m","input":"x","max_output_tokens":-1}`, codeInvalidValue, "max_output_tokens", "at least 0"},
+		{"responses tool_choice word", KindResponses, `{"model":"m","input":"x","tool_choice":"any"}`, codeInvalidValue, "tool_choice", "auto"},
+		{"responses first error wins", KindResponses, `{"model":"m","store":1,"input":[{"role":2}]}`, codeInvalidType, "store", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -562,7 +772,11 @@ func TestKind(t *testing.T) {
 		{"POST", "/v1/models", KindOther, ""},
 		{"POST", "/v1/chat/completions/", KindOther, ""},
 		{"POST", "/v2/chat/completions", KindOther, ""},
-		{"POST", "/v1/responses", KindOther, ""},
+		{"POST", "/v1/responses", KindResponses, "chat"},
+		{"GET", "/v1/responses", KindOther, ""},
+		{"GET", "/v1/responses/resp_1", KindOther, ""},
+		{"POST", "/v1/responses/resp_1/cancel", KindOther, ""},
+		{"POST", "/v1/responses/", KindOther, ""},
 	}
 	for _, tt := range tests {
 		k := KindOf(tt.method, tt.path)
@@ -570,8 +784,12 @@ func TestKind(t *testing.T) {
 			t.Errorf("%s %s: %v %q, want %v %q", tt.method, tt.path, k, k.Operation(), tt.want, tt.op)
 		}
 	}
-	if KindChat.String() != "chat" || Kind(99).String() != "other" {
+	if KindChat.String() != "chat" || Kind(99).String() != "other" || KindResponses.String() != "responses" {
 		t.Error("String")
+	}
+	// New kinds come last: the existing ones keep their numbers.
+	if KindOther != 0 || KindChat != 1 || KindCompletion != 2 || KindEmbedding != 3 || KindModels != 4 || KindResponses != 5 {
+		t.Error("Kind values changed")
 	}
 }
 
@@ -701,5 +919,216 @@ func TestParseRequestAllocs(t *testing.T) {
 		}); a > 3 {
 			t.Errorf("%d tokens: %v allocations", tokens, a)
 		}
+	}
+}
+
+// TestParseResponsesSizes: a Responses request counts the text the model sees as chat does
+// (instructions, message text, function names and arguments, tool outputs, reasoning
+// summaries, the tool declarations' JSON) and its overhead per item, plus the instructions.
+func TestParseResponsesSizes(t *testing.T) {
+	tools := `[{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]`
+	body := `{"model":"m","input":[
+		{"role":"user","content":"Weather in Paris?"},
+		{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+		{"type":"function_call_output","call_id":"c1","output":"{\"temp\":21}"},
+		{"type":"reasoning","id":"rs","summary":[{"type":"summary_text","text":"Think"}],"content":[{"type":"reasoning_text","text":"hmm"}]},
+		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Sunny."},{"type":"refusal","refusal":"No."},{"type":"input_file","file_data":"QUFBQQ=="}]}],
+		"tools":` + tools + `,"instructions":"Be brief."}`
+	r, err := ParseRequest(KindResponses, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := "Be brief." + "Weather in Paris?" + "get_weather" + `{"city":"Paris"}` + `{"temp":21}` + "Think" + "hmm" + "Sunny." + "No." + tools
+	if r.PromptChars != len(text) {
+		t.Errorf("PromptChars = %d, want %d", r.PromptChars, len(text))
+	}
+	if want := EstimateTextTokens([]byte(text)) + 4*(5+1) + 3; r.PromptTokens != want {
+		t.Errorf("PromptTokens = %d, want %d", r.PromptTokens, want)
+	}
+	if r.Messages != 5 || r.Tools != 1 || r.Depth != 2 {
+		t.Errorf("Messages %d Tools %d Depth %d", r.Messages, r.Tools, r.Depth)
+	}
+	// The same conversation as chat counts the same text (the tool declaration aside,
+	// which is spelt differently) and the same overhead.
+	chat := `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Weather in Paris?"},
+		{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+		{"role":"tool","tool_call_id":"c1","content":"{\"temp\":21}"}]}`
+	rsp := `{"model":"m","instructions":"Be brief.","input":[{"role":"user","content":"Weather in Paris?"},
+		{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+		{"type":"function_call_output","call_id":"c1","output":"{\"temp\":21}"}]}`
+	rc, err1 := ParseRequest(KindChat, []byte(chat))
+	rr, err2 := ParseRequest(KindResponses, []byte(rsp))
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if rc.PromptChars != rr.PromptChars || rc.PromptTokens != rr.PromptTokens || rc.Depth != rr.Depth {
+		t.Errorf("chat %d chars %d tokens depth %d; responses %d %d %d", rc.PromptChars, rc.PromptTokens, rc.Depth,
+			rr.PromptChars, rr.PromptTokens, rr.Depth)
+	}
+}
+
+func TestDepthResponses(t *testing.T) {
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	item := func(s string) string { return `{"model":"m","input":[` + s + `]}` }
+	tests := []struct {
+		name string
+		body string
+		want int
+	}{
+		{"string input", `{"model":"m","input":"hello"}`, 1},
+		{"string input that is JSON", `{"model":"m","input":` + q(`{"a":{"b":1}}`) + `}`, 3},
+		{"no content", item(`{"role":"user","content":null}`), 0},
+		{"text parts", item(`{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"https://x","detail":"low"}]}`), 1},
+		{"JSON text in a part", item(`{"role":"user","content":[{"type":"input_text","text":` + q(`[[1]]`) + `}]}`), 3},
+		{"extra field in a part", item(`{"role":"assistant","content":[{"type":"output_text","text":"x","annotations":[{"type":"url_citation","url":"u"}]}]}`), 3},
+		{"flat arguments", item(`{"type":"function_call","call_id":"c","name":"f","arguments":` + q(`{"city":"Paris"}`) + `}`), 1},
+		{"nested arguments", item(`{"type":"function_call","call_id":"c","name":"f","arguments":` + q(`{"q":{"a":[1]}}`) + `}`), 3},
+		{"arguments not JSON", item(`{"type":"function_call","call_id":"c","name":"f","arguments":"x=1"}`), 1},
+		{"tool output JSON", item(`{"type":"function_call_output","call_id":"c","output":` + q(`{"r":{"s":[1]}}`) + `}`), 4},
+		{"tool output text", item(`{"type":"function_call_output","call_id":"c","output":"done"}`), 1},
+		{"tool output parts", item(`{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":` + q(`{"a":{"b":1}}`) + `}]}`), 3},
+		{"instructions JSON", `{"model":"m","input":"x","instructions":` + q(`[[[1]]]`) + `}`, 4},
+		{"max over items", item(`{"role":"user","content":"a"},{"role":"user","content":` + q(`[[1]]`) + `},{"role":"user","content":"b"}`), 3},
+		{"unknown items do not count", item(`{"type":"local_shell_call","call_id":"c","action":{"type":"exec","command":["ls"],"env":{"a":{"b":"c"}}}}`), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := ParseRequest(KindResponses, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Depth != tt.want {
+				t.Errorf("Depth = %d, want %d", r.Depth, tt.want)
+			}
+		})
+	}
+	// Deep nesting as text does not blow the stack.
+	const n = 1 << 18
+	text := strings.Repeat("[", n) + strings.Repeat("]", n)
+	r, err := ParseRequest(KindResponses, []byte(item(`{"type":"function_call_output","call_id":"c","output":"`+text+`"}`)))
+	if err != nil || r.Depth != n {
+		t.Fatalf("Depth %v, %v", r, err)
+	}
+}
+
+func TestParseResponsesAllocs(t *testing.T) {
+	// The request, the model string and the temperature, whatever the input's size; the
+	// known text formats are not copied.
+	for _, tokens := range []int{100, 32000} {
+		body := responsesBody(tokens)
+		if a := testing.AllocsPerRun(20, func() {
+			if r, err := ParseRequest(KindResponses, body); err != nil || r.ResponseFormat != "json_object" {
+				t.Fatal(err)
+			}
+		}); a > 3 {
+			t.Errorf("%d tokens: %v allocations", tokens, a)
+		}
+	}
+}
+
+// responsesBody is chatBody's conversation as a Responses request.
+func responsesBody(tokens int) []byte {
+	var chat struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	_ = json.Unmarshal(chatBody(tokens), &chat)
+	type part struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	type item struct {
+		Role    string `json:"role"`
+		Content []part `json:"content"`
+	}
+	var input []item
+	for _, m := range chat.Messages[1:] {
+		typ := "input_text"
+		if m.Role == "assistant" {
+			typ = "output_text"
+		}
+		input = append(input, item{m.Role, []part{{typ, m.Content}}})
+	}
+	body, _ := json.Marshal(map[string]any{
+		"model":             "meta-llama/Llama-3.1-8B-Instruct",
+		"stream":            true,
+		"max_output_tokens": 512,
+		"temperature":       0.7,
+		"instructions":      chat.Messages[0].Content,
+		"input":             input,
+		"text":              map[string]any{"format": map[string]any{"type": "json_object"}},
+	})
+	return body
+}
+
+func TestErrorResponsesSSE(t *testing.T) {
+	type object struct {
+		Message, Type string
+		Param, Code   *string
+	}
+	type event struct {
+		Type           string
+		Code           *string
+		Message        string
+		Param          *string
+		SequenceNumber *int `json:"sequence_number"`
+		Error          *object
+	}
+	str := func(p *string) string {
+		if p == nil {
+			return "<null>"
+		}
+		return *p
+	}
+	for _, tt := range []struct {
+		name              string
+		e                 *Error
+		seq, wantSeq      int
+		code, param       string // top level
+		innerCode, inType string
+	}{
+		{"full", &Error{Status: 502, Type: "server_error", Code: "stream_cut", Param: "input[0]", Message: "The stream \"broke\"\n"},
+			17, 17, "stream_cut", "input[0]", "stream_cut", "server_error"},
+		{"no code: the type stands in at the top level", NewError(500, "server_error", "", "boom"), 0, 0, "server_error", "<null>", "<null>", "server_error"},
+		{"nothing but a message", &Error{Message: "x"}, -3, 0, "server_error", "<null>", "<null>", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			raw := tt.e.ResponsesSSE(tt.seq)
+			rd := NewReader(bytes.NewReader(raw), 0)
+			ev, err := rd.Next()
+			if err != nil || string(ev.Name) != "error" || !bytes.Equal(ev.Raw, raw) || !bytes.HasSuffix(raw, []byte("}\n\n")) {
+				t.Fatalf("event %q: %+v %v", raw, ev, err)
+			}
+			if _, err := rd.Next(); err != io.EOF {
+				t.Errorf("after the event: %v", err)
+			}
+			var got event
+			if err := json.Unmarshal(ev.Data, &got); err != nil {
+				t.Fatalf("data %s: %v", ev.Data, err)
+			}
+			if got.Type != "error" || got.Code == nil || *got.Code != tt.code || got.Message != tt.e.Message ||
+				str(got.Param) != tt.param || got.SequenceNumber == nil || *got.SequenceNumber != tt.wantSeq {
+				t.Errorf("top level %s", ev.Data)
+			}
+			// The "error" object is Body's, so that clients keying on it see the same error.
+			if got.Error == nil || got.Error.Message != tt.e.Message || got.Error.Type != tt.inType ||
+				str(got.Error.Code) != tt.innerCode || str(got.Error.Param) != str(got.Param) {
+				t.Errorf("error object %s", ev.Data)
+			}
+			var inner, body struct{ Error json.RawMessage }
+			_ = json.Unmarshal(ev.Data, &inner)
+			_ = json.Unmarshal(tt.e.Body(), &body)
+			if !bytes.Equal(inner.Error, body.Error) {
+				t.Errorf("error object %s, Body's %s", inner.Error, body.Error)
+			}
+			var tap Tap
+			tap.Seq = 5
+			tap.Observe(ev, time.Now())
+			if !tap.ErrorSeen || tap.Done || tap.Seq != max(5, tt.wantSeq+1) {
+				t.Errorf("Tap: %+v", tap)
+			}
+		})
 	}
 }

@@ -18,34 +18,90 @@ type Usage struct {
 // Definitions follow vLLM's `bench serve`: TTFT is Start to the first token event; the
 // inter-token gaps are between successive token events; TPOT is
 // (LastToken-FirstToken)/(Tokens-1).
+//
+// The Tap also reads the Responses API (POST /v1/responses), told apart by the data's
+// top-level "type" ("response.*" or "error"), so chat and completion chunks cost nothing
+// more. There a token event is a "response.*.delta" event with a non-empty "delta" string
+// (output_text, function_call_arguments, reasoning_text, reasoning_summary_text,
+// refusal...; a function call's name arrives in response.output_item.added, which is not
+// one). The terminal event (response.completed, response.incomplete or response.failed)
+// sets Done and carries the usage (response.usage: input_tokens, output_tokens,
+// total_tokens) and the finish reason, mapped to chat's by ResponsesFinishReason;
+// response.failed and an "error" event set ErrorSeen. A non-streaming Responses body
+// ({"object":"response","status",...,"output":[...],"usage":{...}}) is read by
+// ObserveBody the same way.
 type Tap struct {
 	Start        time.Time     // set by the caller when the upstream request was sent
 	FirstToken   time.Time     // first token event
 	LastToken    time.Time     // last token event
 	Events       int           // events with data (including [DONE])
 	TokenEvents  int           // token events
-	Tokens       int           // output tokens: usage.completion_tokens once seen, else an estimate (see Observe)
+	Tokens       int           // output tokens: usage.completion_tokens (Responses: output_tokens) once seen, else an estimate (see Observe)
 	Usage        Usage         // the last usage reported
 	HaveUsage    bool          // a usage object was seen
-	Done         bool          // [DONE] seen
-	FinishReason string        // last non-empty finish_reason
+	Done         bool          // the stream's end marker was seen: data: [DONE], or a Responses terminal event
+	FinishReason string        // last non-empty finish_reason (Responses: see ResponsesFinishReason)
 	MaxGap       time.Duration // largest gap between token events
 	GapSum       time.Duration // sum of gaps between token events
 	Gaps         int           // number of gaps
-	ErrorSeen    bool          // an in-band error from upstream: an "error" key, or an event named error
+	ErrorSeen    bool          // an in-band error from upstream: an "error" key, an event named error, a Responses "error" event or response.failed
+
+	// Finished counts the finish reasons reported: each choice's non-null, non-empty
+	// finish_reason (a choice reports once, so an n=2 stream that ran to its end has 2),
+	// and 1 for a Responses answer that completed or stopped incomplete. A failed
+	// Responses answer reports none (ErrorSeen is set instead).
+	Finished int
+	// ID is the answer's id as the server named it (a chat chunk's or body's "id", a
+	// Responses event's response.id), the first seen; copied once per answer.
+	ID string
+	// Seq is one more than the largest sequence_number seen in a Responses stream: the
+	// sequence_number the gateway's own next event must carry (see Error.ResponsesSSE).
+	// 0 when none was seen (the first event of a stream is number 0).
+	Seq int
 
 	weight int // token-estimate weight of the output text (see EstimateTextTokens)
 }
 
+// ResponsesFinishReason maps the end of a Responses API answer to the chat finish_reason
+// the rest of the gateway speaks: status "completed" is "stop", or "tool_calls" when the
+// output holds a function call (toolCall); "incomplete" is "length" for the reason
+// "max_output_tokens", "content_filter" for "content_filter", another reason as it is, or
+// "incomplete" when none is given; any other status ("failed", "cancelled", "queued",
+// "in_progress") has none ("").
+func ResponsesFinishReason(status, reason string, toolCall bool) string {
+	switch status {
+	case "completed":
+		if toolCall {
+			return "tool_calls"
+		}
+		return "stop"
+	case "incomplete":
+		return incompleteReason(reason)
+	}
+	return ""
+}
+
+func incompleteReason(reason string) string {
+	switch reason {
+	case "max_output_tokens":
+		return "length"
+	case "content_filter":
+		return "content_filter"
+	case "":
+		return "incomplete"
+	}
+	return reason
+}
+
 // Observe takes one event into account at time now. It scans the data once, allocates
-// nothing (except copying finish_reason when it changes, once per stream), and ignores
+// nothing (except copying finish_reason when it changes, and the id, once per stream), and ignores
 // events without data and data that is not a JSON object.
 //
 // Until a usage object arrives (stream_options.include_usage), Tokens is an estimate: the
 // larger of the number of token events (model servers send about one token an event) and
 // the EstimateTextTokens weight of the output text decoded from the JSON strings (which
 // catches events carrying several tokens). A usage object sets Tokens to its
-// completion_tokens.
+// completion_tokens (in a Responses stream, the terminal event's output_tokens).
 func (t *Tap) Observe(ev Event, now time.Time) {
 	if ev.Data == nil {
 		return
@@ -86,7 +142,127 @@ func (t *Tap) TPOT() time.Duration {
 	return t.LastToken.Sub(t.FirstToken) / time.Duration(t.Tokens-1)
 }
 
-// observe walks a chunk or a response body: {"choices":[...],"usage":{...},"error":...}.
+// Kinds of Responses API data, from the top-level "type" (or "object" of a body).
+const (
+	rNone       = iota // not Responses data (a chat or completion chunk, or a body)
+	rOther             // another response.* event
+	rDelta             // response.*.delta
+	rCompleted         // response.completed
+	rIncomplete        // response.incomplete
+	rFailed            // response.failed
+	rError             // error
+)
+
+// responsesKind classifies a top-level "type" string (raw JSON contents).
+func responsesKind(raw []byte, esc bool) int {
+	var buf [64]byte
+	v := keyText(raw, esc, buf[:])
+	switch string(v) {
+	case "response.completed":
+		return rCompleted
+	case "response.incomplete":
+		return rIncomplete
+	case "response.failed":
+		return rFailed
+	case "error":
+		return rError
+	}
+	const prefix, suffix = "response.", ".delta"
+	switch {
+	case len(v) < len(prefix) || string(v[:len(prefix)]) != prefix:
+		if esc && v == nil && len(raw) > len(prefix) && string(raw[:len(prefix)]) == prefix {
+			return rOther // too long to decode here: some response.* event
+		}
+		return rNone
+	case len(v) > len(prefix)+len(suffix) && string(v[len(v)-len(suffix):]) == suffix:
+		return rDelta
+	}
+	return rOther
+}
+
+// responseInfo is what a Responses answer says of its end: its status, the reason it is
+// incomplete, whether its output holds a function call, its usage. Slices point into the
+// data.
+type responseInfo struct {
+	status, reason       []byte
+	statusEsc, reasonEsc bool
+	call                 bool
+	usage                Usage
+	haveUsage            bool
+	id                   []byte // the response's "id"
+	idEsc                bool
+}
+
+// finish applies the end of a Responses answer of kind k (rCompleted, rIncomplete or
+// rFailed) to the tap.
+func (t *Tap) finish(k int, r *responseInfo) {
+	switch k {
+	case rCompleted:
+		t.Finished++
+		if r.call {
+			t.setFinishString("tool_calls")
+		} else {
+			t.setFinishString("stop")
+		}
+	case rIncomplete:
+		t.Finished++
+		var buf [64]byte
+		v := keyText(r.reason, r.reasonEsc, buf[:])
+		if v == nil && r.reasonEsc {
+			v = r.reason // too long to decode here: taken as it is
+		}
+		switch string(v) { // as incompleteReason, without copying the known reasons
+		case "max_output_tokens":
+			t.setFinishString("length")
+		case "content_filter":
+			t.setFinishString("content_filter")
+		case "":
+			t.setFinishString("incomplete")
+		default:
+			t.setFinish(r.reason, r.reasonEsc)
+		}
+	case rFailed:
+		t.ErrorSeen = true
+	}
+}
+
+// maxIDLen bounds the id a Tap keeps (a longer one is not an id a client can use).
+const maxIDLen = 256
+
+// setID keeps the answer's id (raw JSON string contents).
+func (t *Tap) setID(raw []byte, esc bool) {
+	if len(raw) == 0 || len(raw) > maxIDLen {
+		return
+	}
+	t.ID = string(decoded(raw, esc))
+}
+
+func (t *Tap) setFinishString(s string) {
+	if t.FinishReason != s {
+		t.FinishReason = s
+	}
+}
+
+// statusKind maps a Responses body's status to the kind of its end (rNone for one that has
+// not ended, or was cancelled).
+func statusKind(raw []byte, esc bool) int {
+	var buf [16]byte
+	switch string(keyText(raw, esc, buf[:])) {
+	case "completed":
+		return rCompleted
+	case "incomplete":
+		return rIncomplete
+	case "failed":
+		return rFailed
+	}
+	return rNone
+}
+
+// observe walks a chunk or a response body: {"choices":[...],"usage":{...},"error":...};
+// or a Responses event ({"type":...,"delta":...,"sequence_number":...,"response":{...}})
+// or body ({"object":"response","status":...,"output":[...],"usage":{...}}). The type of
+// a Responses event may come after its other fields (vLLM sends the fields in
+// alphabetical order), so what they say is kept and applied at the end.
 func (t *Tap) observe(data []byte, now time.Time) {
 	c := cur{b: data}
 	if c.peek() != '{' {
@@ -96,6 +272,14 @@ func (t *Tap) observe(data []byte, now time.Time) {
 	var (
 		st     textStats
 		output bool // a tool call, or embeddings data
+
+		kind  = rNone      // Responses: the event's type
+		delta textStats    // Responses: the event's "delta", counted if it is a delta event
+		seq   = -1         // Responses: sequence_number
+		ended responseInfo // Responses: the terminal event's "response"
+		body  responseInfo // Responses: a body's own status, incomplete_details, output
+		btext textStats    // Responses: the text of a body's output
+		isRsp bool         // a body with "object": "response"
 	)
 	for first := true; ; {
 		key, esc, ok := c.member(&first)
@@ -108,6 +292,41 @@ func (t *Tap) observe(data []byte, now time.Time) {
 			t.choices(&c, &st, &output)
 		case "usage":
 			t.usage(&c)
+		case "type":
+			if c.peek() == '"' {
+				if raw, esc, ok := c.str(); ok {
+					kind = responsesKind(raw, esc)
+				}
+				continue
+			}
+			kind = rNone
+			c.skip(nil)
+		case "delta":
+			delta = textStats{}
+			stringStats(&c, &delta)
+		case "sequence_number":
+			seq = readCount(&c)
+		case "response":
+			ended = responseInfo{}
+			responseObject(&c, &ended)
+		case "id":
+			if c.peek() == '"' {
+				if raw, esc, ok := c.str(); ok && t.ID == "" {
+					t.setID(raw, esc)
+				}
+				continue
+			}
+			c.skip(nil)
+		case "object":
+			if c.peek() == '"' {
+				if raw, esc, ok := c.str(); ok {
+					isRsp = equalString(raw, esc, "response")
+				}
+				continue
+			}
+			c.skip(nil)
+		case "status", "incomplete_details", "output":
+			responseMember(&c, key, esc, &body, &btext)
 		case "error":
 			if c.peek() != 'n' {
 				t.ErrorSeen = true
@@ -126,6 +345,35 @@ func (t *Tap) observe(data []byte, now time.Time) {
 		default:
 			c.skip(nil)
 		}
+	}
+	switch kind {
+	case rNone:
+		if isRsp {
+			if k := statusKind(body.status, body.statusEsc); k != rNone {
+				t.finish(k, &body)
+			}
+			st.chars += btext.chars
+			st.weight += btext.weight
+			output = output || body.call
+		}
+	case rDelta:
+		st.chars += delta.chars
+		st.weight += delta.weight
+	case rCompleted, rIncomplete, rFailed:
+		t.Done = true
+		if ended.haveUsage {
+			t.Usage, t.HaveUsage = ended.usage, true
+			t.Tokens = ended.usage.CompletionTokens
+		}
+		t.finish(kind, &ended)
+	case rError:
+		t.ErrorSeen = true
+	}
+	if t.ID == "" && ended.id != nil {
+		t.setID(ended.id, ended.idEsc)
+	}
+	if kind != rNone && seq >= 0 {
+		t.Seq = max(t.Seq, seq+1)
 	}
 	if st.chars == 0 && !output {
 		return
@@ -174,6 +422,9 @@ func (t *Tap) choices(c *cur, st *textStats, output *bool) {
 				if c.peek() == '"' {
 					if raw, esc, ok := c.str(); ok {
 						t.setFinish(raw, esc)
+						if len(raw) > 0 {
+							t.Finished++
+						}
 					}
 					continue
 				}
@@ -272,12 +523,21 @@ func (t *Tap) setFinish(raw []byte, esc bool) {
 }
 
 func (t *Tap) usage(c *cur) {
+	if u, ok := readUsage(c); ok {
+		t.Usage, t.HaveUsage = u, true
+		t.Tokens = u.CompletionTokens
+	}
+}
+
+// readUsage reads a usage object: prompt_tokens, completion_tokens, total_tokens, or the
+// Responses API's input_tokens and output_tokens. ok is false for anything but a whole
+// object.
+func readUsage(c *cur) (u Usage, ok bool) {
 	if c.peek() != '{' {
 		c.skip(nil)
-		return
+		return u, false
 	}
 	c.i++
-	var u Usage
 	for first := true; ; {
 		key, esc, ok := c.member(&first)
 		if !ok {
@@ -286,9 +546,9 @@ func (t *Tap) usage(c *cur) {
 		var kb [32]byte
 		var dst *int
 		switch string(keyText(key, esc, kb[:])) {
-		case "prompt_tokens":
+		case "prompt_tokens", "input_tokens":
 			dst = &u.PromptTokens
-		case "completion_tokens":
+		case "completion_tokens", "output_tokens":
 			dst = &u.CompletionTokens
 		case "total_tokens":
 			dst = &u.TotalTokens
@@ -296,19 +556,154 @@ func (t *Tap) usage(c *cur) {
 			c.skip(nil)
 			continue
 		}
-		if ch := c.peek(); ch == '-' || (ch >= '0' && ch <= '9') {
-			if s, ok := c.number(); ok {
-				if v, ok := parseInt(s); ok && v >= 0 && v <= 1<<40 {
-					*dst = int(v)
-				}
-			}
-			continue
+		if v := readCount(c); v >= 0 {
+			*dst = v
 		}
-		c.skip(nil)
 	}
-	if !c.ok() {
+	return u, c.ok()
+}
+
+// readCount reads a count (an integer within 0..2^40) at the cursor; -1 for anything else,
+// which is skipped.
+func readCount(c *cur) int {
+	if ch := c.peek(); ch == '-' || (ch >= '0' && ch <= '9') {
+		if s, ok := c.number(); ok {
+			if v, ok := parseInt(s); ok && v >= 0 && v <= 1<<40 {
+				return int(v)
+			}
+		}
+		return -1
+	}
+	c.skip(nil)
+	return -1
+}
+
+// responseObject reads a Responses response object (the "response" of an event) into r:
+// its status, incomplete_details, output (for function calls only: the text is counted
+// from the deltas) and usage.
+func responseObject(c *cur, r *responseInfo) {
+	if c.peek() != '{' {
+		c.skip(nil)
 		return
 	}
-	t.Usage, t.HaveUsage = u, true
-	t.Tokens = u.CompletionTokens
+	c.i++
+	for first := true; ; {
+		key, esc, ok := c.member(&first)
+		if !ok {
+			return
+		}
+		if equalString(key, esc, "usage") {
+			r.usage, r.haveUsage = readUsage(c)
+			continue
+		}
+		if equalString(key, esc, "id") && c.peek() == '"' {
+			r.id, r.idEsc, _ = c.str()
+			continue
+		}
+		responseMember(c, key, esc, r, nil)
+	}
+}
+
+// responseMember reads one member of a response object into r: "status",
+// "incomplete_details" ({"reason":...}) or "output" (the items: whether one is a function
+// call and, when st is not nil, the text of output_text and refusal parts, of reasoning
+// parts, and function calls' names and arguments). Other members are skipped.
+func responseMember(c *cur, key []byte, esc bool, r *responseInfo, st *textStats) {
+	var kb [32]byte
+	switch string(keyText(key, esc, kb[:])) {
+	case "status":
+		if c.peek() == '"' {
+			r.status, r.statusEsc, _ = c.str()
+			return
+		}
+		r.status = nil
+	case "incomplete_details":
+		r.reason = nil
+		if c.peek() != '{' {
+			break
+		}
+		c.i++
+		for first := true; ; {
+			key, kesc, ok := c.member(&first)
+			if !ok {
+				return
+			}
+			if equalString(key, kesc, "reason") && c.peek() == '"' {
+				r.reason, r.reasonEsc, _ = c.str()
+				continue
+			}
+			c.skip(nil)
+		}
+	case "output":
+		if c.peek() != '[' {
+			break
+		}
+		c.i++
+		for first := true; c.elem(&first); {
+			if outputItem(c, st) {
+				r.call = true
+			}
+		}
+		return
+	}
+	c.skip(nil)
+}
+
+// outputItem reads one item of a response's output and reports whether it is a function
+// call; with st, it counts the item's text.
+func outputItem(c *cur, st *textStats) (call bool) {
+	if c.peek() != '{' {
+		c.skip(nil)
+		return false
+	}
+	c.i++
+	for first := true; ; {
+		key, esc, ok := c.member(&first)
+		if !ok {
+			return call
+		}
+		var kb [32]byte
+		switch string(keyText(key, esc, kb[:])) {
+		case "type":
+			if c.peek() == '"' {
+				if raw, esc, ok := c.str(); ok {
+					call = equalString(raw, esc, "function_call")
+				}
+				continue
+			}
+			c.skip(nil)
+		case "content", "summary":
+			if st == nil || c.peek() != '[' {
+				c.skip(nil)
+				continue
+			}
+			c.i++
+			for f2 := true; c.elem(&f2); {
+				if c.peek() != '{' {
+					c.skip(nil)
+					continue
+				}
+				c.i++
+				for f3 := true; ; {
+					key, esc, ok := c.member(&f3)
+					if !ok {
+						break
+					}
+					if equalString(key, esc, "text") || equalString(key, esc, "refusal") {
+						stringStats(c, st)
+						continue
+					}
+					c.skip(nil)
+				}
+			}
+		case "name", "arguments", "input":
+			if st == nil {
+				c.skip(nil)
+				continue
+			}
+			stringStats(c, st)
+		default:
+			c.skip(nil)
+		}
+	}
 }

@@ -62,6 +62,8 @@ func TestTapChatWithUsage(t *testing.T) {
 		MaxGap:       10 * time.Millisecond,
 		GapSum:       140 * time.Millisecond,
 		Gaps:         14,
+		Finished:     1,
+		ID:           "chatcmpl-b2f1c7a0d3e44c1f9a8e6d5c4b3a2910",
 	}
 	checkTap(t, tap, want)
 	if got := tap.TTFT(); got != 20*time.Millisecond {
@@ -89,6 +91,8 @@ func TestTapCompletion(t *testing.T) {
 		MaxGap:       10 * time.Millisecond,
 		GapSum:       70 * time.Millisecond,
 		Gaps:         7,
+		Finished:     1,
+		ID:           "cmpl-5d0e8f1a2b3c4d5e6f708192a3b4c5d6",
 	}
 	checkTap(t, tap, want)
 }
@@ -111,6 +115,8 @@ func TestTapToolCalls(t *testing.T) {
 		MaxGap:       10 * time.Millisecond,
 		GapSum:       50 * time.Millisecond,
 		Gaps:         5,
+		Finished:     1,
+		ID:           "chatcmpl-7a6b5c4d3e2f10a9b8c7d6e5f4a3b2c1",
 	}
 	checkTap(t, tap, want)
 }
@@ -130,6 +136,7 @@ func TestTapErrorEvent(t *testing.T) {
 		GapSum:      20 * time.Millisecond,
 		Gaps:        2,
 		ErrorSeen:   true,
+		ID:          "chatcmpl-e1d2c3b4a5968778695a4b3c2d1e0f9a",
 	}
 	checkTap(t, tap, want)
 }
@@ -293,5 +300,359 @@ func TestTapFinishReasonCopiedOnce(t *testing.T) {
 	now := time.Now()
 	if a := testing.AllocsPerRun(100, func() { tap.Observe(e, now) }); a != 0 {
 		t.Errorf("%v allocations per event", a)
+	}
+}
+
+// TestTapResponsesText: a vLLM Responses stream (fields in alphabetical order, so "type"
+// comes last): created, in_progress, item and part added, 5 text deltas and an empty one,
+// text, part and item done, completed.
+func TestTapResponsesText(t *testing.T) {
+	start := time.Unix(1718041200, 0)
+	tap := replay(t, "responses_text.sse", start)
+	want := Tap{
+		Start:        start,
+		FirstToken:   start.Add(50 * time.Millisecond),
+		LastToken:    start.Add(90 * time.Millisecond),
+		Events:       14,
+		TokenEvents:  5,
+		Tokens:       6,
+		Usage:        Usage{PromptTokens: 12, CompletionTokens: 6, TotalTokens: 18},
+		HaveUsage:    true,
+		Done:         true,
+		FinishReason: "stop",
+		MaxGap:       10 * time.Millisecond,
+		GapSum:       40 * time.Millisecond,
+		Gaps:         4,
+		Finished:     1,
+		Seq:          14,
+		ID:           "resp_6b1e0c7d2a5f4e3b9c8d7a6f5e4d3c2b",
+	}
+	checkTap(t, tap, want)
+	if got := tap.TTFT(); got != 50*time.Millisecond {
+		t.Errorf("TTFT = %v", got)
+	}
+}
+
+// TestTapResponsesToolCall: an OpenAI-ordered stream ("type" first) with reasoning, then a
+// function call whose name comes in output_item.added (not a token event) and whose
+// arguments come in deltas.
+func TestTapResponsesToolCall(t *testing.T) {
+	start := time.Unix(0, 0)
+	tap := replay(t, "responses_tool_call.sse", start)
+	want := Tap{
+		Start:        start,
+		FirstToken:   start.Add(30 * time.Millisecond),
+		LastToken:    start.Add(90 * time.Millisecond),
+		Events:       12,
+		TokenEvents:  5,
+		Tokens:       21,
+		Usage:        Usage{PromptTokens: 230, CompletionTokens: 21, TotalTokens: 251},
+		HaveUsage:    true,
+		Done:         true,
+		FinishReason: "tool_calls",
+		MaxGap:       30 * time.Millisecond,
+		GapSum:       60 * time.Millisecond,
+		Gaps:         4,
+		Finished:     1,
+		Seq:          12,
+		ID:           "resp_tool",
+	}
+	checkTap(t, tap, want)
+}
+
+func TestTapResponsesIncomplete(t *testing.T) {
+	start := time.Unix(0, 0)
+	tap := replay(t, "responses_incomplete.sse", start)
+	want := Tap{
+		Start:        start,
+		FirstToken:   start.Add(20 * time.Millisecond),
+		LastToken:    start.Add(40 * time.Millisecond),
+		Events:       5,
+		TokenEvents:  3,
+		Tokens:       3,
+		Usage:        Usage{PromptTokens: 5, CompletionTokens: 3, TotalTokens: 8},
+		HaveUsage:    true,
+		Done:         true,
+		FinishReason: "length",
+		MaxGap:       10 * time.Millisecond,
+		GapSum:       20 * time.Millisecond,
+		Gaps:         2,
+		Finished:     1,
+		Seq:          5,
+		ID:           "resp_6b1e0c7d2a5f4e3b9c8d7a6f5e4d3c2b",
+	}
+	checkTap(t, tap, want)
+}
+
+// TestTapResponsesErrorEvent: an error event ends the stream without a terminal event, so
+// Done stays false (the relay treats the stream as cut) and ErrorSeen is set.
+func TestTapResponsesErrorEvent(t *testing.T) {
+	start := time.Unix(0, 0)
+	tap := replay(t, "responses_error.sse", start)
+	want := Tap{
+		Start:       start,
+		FirstToken:  start.Add(20 * time.Millisecond),
+		LastToken:   start.Add(30 * time.Millisecond),
+		Events:      4,
+		TokenEvents: 2,
+		Tokens:      2, // "Sure,": 13/8
+		MaxGap:      10 * time.Millisecond,
+		GapSum:      10 * time.Millisecond,
+		Gaps:        1,
+		ErrorSeen:   true,
+		Seq:         4,
+		ID:          "resp_tool",
+	}
+	checkTap(t, tap, want)
+}
+
+func TestTapResponsesObserve(t *testing.T) {
+	now := time.Unix(100, 0)
+	done := func(finish string, finished int) func(*Tap) bool {
+		return func(t *Tap) bool {
+			return t.Done && t.FinishReason == finish && t.Finished == finished && !t.ErrorSeen
+		}
+	}
+	usage := `"usage":{"input_tokens":7,"input_tokens_details":{"cached_tokens":2},"output_tokens":4,"output_tokens_details":{"reasoning_tokens":1},"total_tokens":11}`
+	tests := []struct {
+		name   string
+		data   string
+		tokens int // TokenEvents after the event
+		check  func(*Tap) bool
+	}{
+		{"text delta", `{"type":"response.output_text.delta","item_id":"m","output_index":0,"content_index":0,"delta":"hi","sequence_number":4}`, 1,
+			func(t *Tap) bool { return t.Seq == 5 && !t.Done }},
+		{"type after delta", `{"content_index":0,"delta":"hi","item_id":"m","logprobs":[],"output_index":0,"sequence_number":0,"type":"response.output_text.delta"}`, 1,
+			func(t *Tap) bool { return t.Seq == 1 }},
+		{"empty delta", `{"type":"response.output_text.delta","delta":"","sequence_number":4}`, 0, func(t *Tap) bool { return t.Seq == 5 }},
+		{"escaped type", `{"type":"response.output_text.d\u0065lta","delta":"x"}`, 1, nil},
+		{"escaped delta", `{"type":"response.output_text.delta","delta":"\n"}`, 1, nil},
+		{"arguments delta", `{"type":"response.function_call_arguments.delta","item_id":"fc","output_index":1,"delta":"{\"a\""}`, 1, nil},
+		{"reasoning delta", `{"type":"response.reasoning_text.delta","delta":"hmm"}`, 1, nil},
+		{"reasoning summary delta", `{"type":"response.reasoning_summary_text.delta","delta":"hmm"}`, 1, nil},
+		{"refusal delta", `{"type":"response.refusal.delta","delta":"no"}`, 1, nil},
+		{"delta that is not a string", `{"type":"response.mcp_call_arguments.delta","delta":{"a":1}}`, 0, nil},
+		{"text done is not a token event", `{"type":"response.output_text.done","text":"full text","sequence_number":9}`, 0, nil},
+		{"item added is not a token event", `{"type":"response.output_item.added","item":{"type":"function_call","name":"f","arguments":""}}`, 0, nil},
+		{"a delta key without a type", `{"delta":"x","sequence_number":3}`, 0, func(t *Tap) bool { return t.Seq == 0 }},
+		{"another type", `{"type":"message","delta":"x"}`, 0, nil},
+		{"response. alone", `{"type":"response.","delta":"x"}`, 0, nil},
+		{"bare .delta", `{"type":"response..delta","delta":"x"}`, 0, nil},
+		{"created is not the end", `{"type":"response.created","sequence_number":0,"response":{"status":"in_progress","output":[],"usage":null}}`, 0,
+			func(t *Tap) bool {
+				return !t.Done && !t.HaveUsage && t.FinishReason == "" && t.Finished == 0 && t.Seq == 1
+			}},
+		{"in_progress", `{"type":"response.in_progress","response":{"status":"in_progress"}}`, 0, func(t *Tap) bool { return !t.Done }},
+		{"completed", `{"type":"response.completed","sequence_number":20,"response":{"status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"not counted"}]}],` + usage + `}}`, 0,
+			func(t *Tap) bool {
+				return done("stop", 1)(t) && t.HaveUsage && t.Usage == Usage{7, 4, 11} && t.Tokens == 4 && t.Seq == 21
+			}},
+		{"completed, response before type", `{"response":{"output":[],` + usage + `,"status":"completed"},"sequence_number":2,"type":"response.completed"}`, 0,
+			func(t *Tap) bool { return done("stop", 1)(t) && t.Usage == Usage{7, 4, 11} }},
+		{"completed with a function call", `{"type":"response.completed","response":{"output":[{"type":"reasoning","summary":[]},{"arguments":"{}","call_id":"c","name":"f","type":"function_call"}]}}`, 0,
+			done("tool_calls", 1)},
+		{"completed with a custom tool call: not a function call", `{"type":"response.completed","response":{"output":[{"type":"custom_tool_call","name":"f","input":"x"}]}}`, 0,
+			done("stop", 1)},
+		{"completed with a function call output is not a call", `{"type":"response.completed","response":{"output":[{"type":"function_call_output","output":"x"}]}}`, 0,
+			done("stop", 1)},
+		{"completed without usage", `{"type":"response.completed","response":{"status":"completed","usage":null}}`, 0,
+			func(t *Tap) bool { return done("stop", 1)(t) && !t.HaveUsage }},
+		{"incomplete: max_output_tokens", `{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"}}}`, 0,
+			done("length", 1)},
+		{"incomplete: content_filter", `{"type":"response.incomplete","response":{"incomplete_details":{"reason":"content_filter"}}}`, 0,
+			done("content_filter", 1)},
+		{"incomplete: escaped reason", `{"type":"response.incomplete","response":{"incomplete_details":{"reason":"max_output_t\u006fkens"}}}`, 0,
+			done("length", 1)},
+		{"incomplete: another reason", `{"type":"response.incomplete","response":{"incomplete_details":{"reason":"max_tool_calls"}}}`, 0,
+			done("max_tool_calls", 1)},
+		{"incomplete: no reason", `{"type":"response.incomplete","response":{"incomplete_details":null}}`, 0,
+			done("incomplete", 1)},
+		{"failed", `{"type":"response.failed","sequence_number":3,"response":{"status":"failed","error":{"code":"server_error","message":"x"},"output":[]}}`, 0,
+			func(t *Tap) bool {
+				return t.Done && t.ErrorSeen && t.FinishReason == "" && t.Finished == 0 && t.Seq == 4
+			}},
+		{"error event", `{"type":"error","code":"server_error","message":"boom","param":null,"sequence_number":7}`, 0,
+			func(t *Tap) bool { return t.ErrorSeen && !t.Done && t.Seq == 8 }},
+		{"error event, type last", `{"code":null,"message":"boom","param":null,"sequence_number":7,"type":"error"}`, 0,
+			func(t *Tap) bool { return t.ErrorSeen && !t.Done }},
+		{"bad sequence_number", `{"type":"response.output_text.delta","delta":"x","sequence_number":-1}`, 1, func(t *Tap) bool { return t.Seq == 0 }},
+		{"type not a string", `{"type":5,"delta":"x"}`, 0, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var tap Tap
+			tap.Observe(Event{Data: []byte(tt.data)}, now)
+			if tap.TokenEvents != tt.tokens || tap.Events != 1 {
+				t.Errorf("TokenEvents %d Events %d, want %d 1", tap.TokenEvents, tap.Events, tt.tokens)
+			}
+			if tt.tokens > 0 && (tap.FirstToken != now || tap.LastToken != now || tap.Tokens < 1) {
+				t.Errorf("token event not timed: %+v", tap)
+			}
+			if tt.check != nil && !tt.check(&tap) {
+				t.Errorf("check failed: %+v", tap)
+			}
+		})
+	}
+	// Seq keeps the largest.
+	var tap Tap
+	for _, n := range []string{"3", "9", "4"} {
+		tap.Observe(Event{Data: []byte(`{"type":"response.output_text.delta","delta":"x","sequence_number":` + n + `}`)}, now)
+	}
+	if tap.Seq != 10 {
+		t.Errorf("Seq = %d", tap.Seq)
+	}
+}
+
+// TestResponsesFinishReason: the exported mapping, and the Tap's, agree.
+func TestResponsesFinishReason(t *testing.T) {
+	for _, tt := range []struct {
+		status, reason string
+		call           bool
+		want           string
+	}{
+		{"completed", "", false, "stop"},
+		{"completed", "", true, "tool_calls"},
+		{"incomplete", "max_output_tokens", false, "length"},
+		{"incomplete", "max_output_tokens", true, "length"},
+		{"incomplete", "content_filter", false, "content_filter"},
+		{"incomplete", "max_tool_calls", false, "max_tool_calls"},
+		{"incomplete", "", false, "incomplete"},
+		{"failed", "", false, ""},
+		{"cancelled", "", false, ""},
+		{"queued", "", false, ""},
+		{"in_progress", "", false, ""},
+	} {
+		if got := ResponsesFinishReason(tt.status, tt.reason, tt.call); got != tt.want {
+			t.Errorf("ResponsesFinishReason(%q, %q, %v) = %q, want %q", tt.status, tt.reason, tt.call, got, tt.want)
+		}
+		output := `[]`
+		if tt.call {
+			output = `[{"type":"function_call","name":"f","arguments":"{}"}]`
+		}
+		reason := `null`
+		if tt.reason != "" {
+			reason = `{"reason":"` + tt.reason + `"}`
+		}
+		rsp := `{"status":"` + tt.status + `","incomplete_details":` + reason + `,"output":` + output + `}`
+		// A terminal event of that status, when there is one, and a body.
+		if typ := map[string]string{"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}[tt.status]; typ != "" {
+			var tap Tap
+			tap.Observe(Event{Data: []byte(`{"type":"` + typ + `","response":` + rsp + `}`)}, time.Now())
+			if tap.FinishReason != tt.want {
+				t.Errorf("%s event: FinishReason %q, want %q", tt.status, tap.FinishReason, tt.want)
+			}
+		}
+		var tap Tap
+		tap.ObserveBody([]byte(`{"object":"response",`+rsp[1:]), time.Now())
+		if tap.FinishReason != tt.want {
+			t.Errorf("%s body: FinishReason %q, want %q", tt.status, tap.FinishReason, tt.want)
+		}
+	}
+}
+
+func TestTapObserveResponsesBody(t *testing.T) {
+	now := time.Unix(50, 0)
+	for _, tt := range []struct {
+		name, body     string
+		tokens         int
+		usage          Usage
+		finish         string
+		finished       int
+		first, errSeen bool
+	}{
+		{"text", `{"id":"resp_1","object":"response","created_at":1,"status":"completed","error":null,"incomplete_details":null,
+			"output":[{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello there!","annotations":[]}]}],
+			"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":4,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":13}}`,
+			4, Usage{9, 4, 13}, "stop", 1, true, false},
+		{"vLLM order", `{"created_at":1,"error":null,"id":"resp_1","incomplete_details":null,"model":"m","object":"response",
+			"output":[{"content":[{"annotations":[],"text":"Hi","type":"output_text"}],"id":"msg_1","role":"assistant","status":"completed","type":"message"}],
+			"status":"completed","usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`,
+			1, Usage{3, 1, 4}, "stop", 1, true, false},
+		{"function call", `{"object":"response","status":"completed","output":[{"type":"reasoning","id":"rs","summary":[],"content":[{"type":"reasoning_text","text":"x"}]},
+			{"type":"function_call","id":"fc","call_id":"c","name":"f","arguments":"{}","status":"completed"}]}`,
+			2, Usage{}, "tool_calls", 1, true, false}, // "x" "f" "{}": 2+2+10=14/8 → 2
+		{"incomplete", `{"object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},
+			"output":[{"type":"message","content":[{"type":"output_text","text":"Once upon"}]}],"usage":{"input_tokens":2,"output_tokens":2,"total_tokens":4}}`,
+			2, Usage{2, 2, 4}, "length", 1, true, false},
+		{"refusal", `{"object":"response","status":"completed","output":[{"type":"message","content":[{"type":"refusal","refusal":"No."}]}]}`,
+			2, Usage{}, "stop", 1, true, false}, // "No.": 9/8
+		{"failed", `{"object":"response","status":"failed","error":{"code":"server_error","message":"boom"},"output":[]}`,
+			0, Usage{}, "", 0, false, true},
+		{"queued (background)", `{"object":"response","status":"queued","output":[],"usage":null}`,
+			0, Usage{}, "", 0, false, false},
+		{"no object: not a Responses body", `{"status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"x"}]}]}`,
+			0, Usage{}, "", 0, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tap := Tap{Start: now.Add(-time.Second)}
+			tap.ObserveBody([]byte(tt.body), now)
+			if tap.Tokens != tt.tokens || tap.Usage != tt.usage || tap.FinishReason != tt.finish || tap.Finished != tt.finished ||
+				tap.ErrorSeen != tt.errSeen || tap.Events != 1 || tap.Done || tap.Seq != 0 {
+				t.Errorf("%+v", tap)
+			}
+			if tt.first != (tap.FirstToken == now) {
+				t.Errorf("FirstToken %v", tap.FirstToken)
+			}
+		})
+	}
+}
+
+// TestTapFinished: each choice reports its finish once; an n=2 stream that ran to its end
+// has Finished 2, one cut short after the first choice's finish has 1.
+func TestTapFinished(t *testing.T) {
+	stream := []string{
+		`{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null},{"index":1,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`,
+		`{"choices":[{"index":1,"delta":{"content":"b"},"finish_reason":null}]}`,
+		`{"choices":[{"index":1,"delta":{"content":""},"finish_reason":"length"}]}`,
+		`{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}`,
+		`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`,
+	}
+	var tap Tap
+	for i, d := range stream {
+		tap.Observe(Event{Data: []byte(d)}, time.Now())
+		if want := map[bool]int{true: 1, false: 0}[i == 3]; i <= 3 && tap.Finished != want {
+			t.Errorf("after event %d: Finished %d, want %d", i, tap.Finished, want)
+		}
+	}
+	tap.Observe(Event{Data: DoneEvent[len("data: ") : len(DoneEvent)-2]}, time.Now())
+	if tap.Finished != 2 || tap.FinishReason != "stop" || !tap.Done || tap.Seq != 0 {
+		t.Errorf("%+v", tap)
+	}
+	// Both choices in one chunk, and a non-streaming body with two choices.
+	tap = Tap{}
+	tap.Observe(Event{Data: []byte(`{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":"length"}]}`)}, time.Now())
+	if tap.Finished != 2 {
+		t.Errorf("one chunk: Finished %d", tap.Finished)
+	}
+	tap = Tap{}
+	tap.ObserveBody([]byte(`{"choices":[{"index":0,"message":{"content":"a"},"finish_reason":"stop"},{"index":1,"message":{"content":"b"},"finish_reason":"stop"}]}`), time.Now())
+	if tap.Finished != 2 {
+		t.Errorf("body: Finished %d", tap.Finished)
+	}
+	// A null or empty finish_reason is none.
+	tap = Tap{}
+	tap.Observe(Event{Data: []byte(`{"choices":[{"index":0,"finish_reason":null},{"index":1,"finish_reason":""}]}`)}, time.Now())
+	if tap.Finished != 0 {
+		t.Errorf("null: Finished %d", tap.Finished)
+	}
+}
+
+func TestTapResponsesAllocs(t *testing.T) {
+	now := time.Now()
+	for _, d := range []string{
+		`{"content_index":0,"delta":" blue","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":7,"type":"response.output_text.delta"}`,
+		`{"type":"response.function_call_arguments.delta","item_id":"fc","output_index":1,"delta":"{\"a\"","sequence_number":8}`,
+		`{"type":"response.output_item.done","item":{"type":"function_call","name":"f","arguments":"{}"},"sequence_number":9}`,
+		`{"type":"response.completed","response":{"status":"completed","output":[{"type":"function_call","name":"f"}],"usage":{"input_tokens":1,"output_tokens":2,"total_tokens":3}}}`,
+		`{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_tool_calls"}}}`,
+		`{"type":"error","code":"x","message":"y","sequence_number":3}`,
+	} {
+		var tap Tap
+		e := Event{Data: []byte(d)}
+		tap.Observe(e, now) // a finish reason that changes is copied once
+		if a := testing.AllocsPerRun(100, func() { tap.Observe(e, now) }); a != 0 {
+			t.Errorf("%s: %v allocations per event", d, a)
+		}
 	}
 }

@@ -36,30 +36,35 @@ const ProviderName = "openai"
 // Attribute keys (as OpenTelemetry names them; Prometheus labels replace the
 // dots with underscores).
 const (
-	keyRoute            = attribute.Key("route")
-	keyCluster          = attribute.Key("cluster")
-	keyStatusCode       = attribute.Key("http.response.status_code")
-	keyErrorType        = attribute.Key("error.type")
-	keyResult           = attribute.Key("result")
-	keyVersion          = attribute.Key("version")
-	keyOperationName    = attribute.Key("gen_ai.operation.name")
-	keyProviderName     = attribute.Key("gen_ai.provider.name")
-	keyRequestModel     = attribute.Key("gen_ai.request.model")
-	keyResponseModel    = attribute.Key("gen_ai.response.model")
-	keyTokenType        = attribute.Key("gen_ai.token.type")
-	keyServerAddress    = attribute.Key("server.address")
-	keyServerPort       = attribute.Key("server.port")
-	keyInputTokens      = attribute.Key("gen_ai.usage.input_tokens")
-	keyOutputTokens     = attribute.Key("gen_ai.usage.output_tokens")
-	keyAttempt          = attribute.Key("sluice.attempt")
-	keyResendCount      = attribute.Key("http.request.resend_count")
-	keyRequestMethod    = attribute.Key("http.request.method")
-	keyURLPath          = attribute.Key("url.path")
-	keyRequestStream    = attribute.Key("gen_ai.request.stream")
-	keyTimeToFirstChunk = attribute.Key("gen_ai.response.time_to_first_chunk")
-	keySluiceRoute      = attribute.Key("sluice.route")
-	keySluiceCluster    = attribute.Key("sluice.cluster")
-	keySluiceEndpoint   = attribute.Key("sluice.endpoint")
+	keyRoute              = attribute.Key("route")
+	keyCluster            = attribute.Key("cluster")
+	keyStatusCode         = attribute.Key("http.response.status_code")
+	keyErrorType          = attribute.Key("error.type")
+	keyResult             = attribute.Key("result")
+	keyVersion            = attribute.Key("version")
+	keyOperationName      = attribute.Key("gen_ai.operation.name")
+	keyProviderName       = attribute.Key("gen_ai.provider.name")
+	keyRequestModel       = attribute.Key("gen_ai.request.model")
+	keyResponseModel      = attribute.Key("gen_ai.response.model")
+	keyTokenType          = attribute.Key("gen_ai.token.type")
+	keyServerAddress      = attribute.Key("server.address")
+	keyServerPort         = attribute.Key("server.port")
+	keyInputTokens        = attribute.Key("gen_ai.usage.input_tokens")
+	keyOutputTokens       = attribute.Key("gen_ai.usage.output_tokens")
+	keyAttempt            = attribute.Key("sluice.attempt")
+	keyResendCount        = attribute.Key("http.request.resend_count")
+	keyRequestMethod      = attribute.Key("http.request.method")
+	keyURLPath            = attribute.Key("url.path")
+	keyRequestStream      = attribute.Key("gen_ai.request.stream")
+	keyRequestMaxTokens   = attribute.Key("gen_ai.request.max_tokens")
+	keyRequestTemperature = attribute.Key("gen_ai.request.temperature")
+	keyRequestSeed        = attribute.Key("gen_ai.request.seed")
+	keyFinishReasons      = attribute.Key("gen_ai.response.finish_reasons")
+	keyResponseID         = attribute.Key("gen_ai.response.id")
+	keyTimeToFirstChunk   = attribute.Key("gen_ai.response.time_to_first_chunk")
+	keySluiceRoute        = attribute.Key("sluice.route")
+	keySluiceCluster      = attribute.Key("sluice.cluster")
+	keySluiceEndpoint     = attribute.Key("sluice.endpoint")
 )
 
 // cacheLimit bounds each attribute cache; past it the cache is cleared and
@@ -206,6 +211,8 @@ type RequestRecord struct {
 	Overhead time.Duration
 	// Attempts counts upstream attempts (0: none was made).
 	Attempts int
+	// FinishReason and ResponseID (spans only): the answer's last finish_reason and id.
+	FinishReason, ResponseID string
 }
 
 // recordKey is every RequestRecord field that becomes an attribute.

@@ -12,8 +12,9 @@ import (
 
 // StartServer starts the server span of an incoming request, child of the
 // W3C traceparent/tracestate in r's headers if any. Its name is
-// "<method> <route>" until the handler renames it "<operation> <model>"
-// (span.SetName) once the body is parsed.
+// "<method>" (with route: "<method> <route>") until the handler renames it
+// "<operation> <model>" with SetServerRequest once the body is parsed and
+// the route matched.
 //
 // With tracing off it returns the context carrying the incoming span context
 // (if any) and a non-recording span: ending or renaming it does nothing, and
@@ -34,6 +35,50 @@ func (t *Telemetry) StartServer(ctx context.Context, r *http.Request, route stri
 			keyURLPath.String(r.URL.Path),
 			keySluiceRoute.String(route),
 		))
+}
+
+// ServerRequest is what the handler knows of a request once it is parsed and matched, for
+// the server span.
+type ServerRequest struct {
+	Method, Route    string
+	Operation, Model string // gen_ai.operation.name ("" for other kinds) and gen_ai.request.model
+	MaxTokens        int    // gen_ai.request.max_tokens (0: not set)
+	Temperature      *float64
+	Seed             *int64
+}
+
+// SetServerRequest names the server span as the GenAI conventions name inference spans,
+// "{gen_ai.operation.name} {gen_ai.request.model}" ("{method} {route}" for other requests),
+// and sets the route and the GenAI request attributes on it, so that the span carries both
+// the operation and (with SetGenAIResult) the usage. A non-recording span costs nothing.
+func SetServerRequest(span trace.Span, r ServerRequest) {
+	if !span.IsRecording() {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, 8)
+	attrs = append(attrs, keySluiceRoute.String(r.Route))
+	switch {
+	case r.Operation != "":
+		name := r.Operation
+		if r.Model != "" {
+			name += " " + r.Model
+			attrs = append(attrs, keyRequestModel.String(r.Model))
+		}
+		span.SetName(name)
+		attrs = append(attrs, keyOperationName.String(r.Operation), keyProviderName.String(ProviderName))
+		if r.MaxTokens > 0 {
+			attrs = append(attrs, keyRequestMaxTokens.Int(r.MaxTokens))
+		}
+		if r.Temperature != nil {
+			attrs = append(attrs, keyRequestTemperature.Float64(*r.Temperature))
+		}
+		if r.Seed != nil {
+			attrs = append(attrs, keyRequestSeed.Int64(*r.Seed))
+		}
+	case r.Route != "":
+		span.SetName(r.Method + " " + r.Route)
+	}
+	span.SetAttributes(attrs...)
 }
 
 // StartClient starts the client span of one upstream attempt (attempt counts
@@ -90,9 +135,10 @@ func (t *Telemetry) Inject(ctx context.Context, h http.Header) {
 // an upstream: they set error.type but leave the span status unset.
 var callerFault = map[string]bool{"client_cancel": true, "bad_request": true, "too_large": true}
 
-// SetGenAIResult sets a request's outcome on span (server or client):
-// gen_ai.usage.input_tokens and gen_ai.usage.output_tokens (when known),
-// gen_ai.response.model, http.response.status_code, gen_ai.request.stream,
+// SetGenAIResult sets a request's (or one attempt's) outcome on span (server or
+// client): gen_ai.usage.input_tokens and gen_ai.usage.output_tokens (when known),
+// gen_ai.response.model, gen_ai.response.finish_reasons, gen_ai.response.id,
+// http.response.status_code, gen_ai.request.stream,
 // gen_ai.response.time_to_first_chunk (streams), error.type, and the span status: Error with the error class as its
 // description, unless the class is the caller's fault (client_cancel,
 // bad_request, too_large). A non-recording span costs nothing.
@@ -100,7 +146,7 @@ func SetGenAIResult(span trace.Span, r RequestRecord) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 7)
+	attrs := make([]attribute.KeyValue, 0, 9)
 	if r.InputTokens > 0 {
 		attrs = append(attrs, keyInputTokens.Int(r.InputTokens))
 	}
@@ -118,6 +164,12 @@ func SetGenAIResult(span trace.Span, r RequestRecord) {
 	}
 	if r.Stream && r.TTFT > 0 {
 		attrs = append(attrs, keyTimeToFirstChunk.Float64(r.TTFT.Seconds()))
+	}
+	if r.FinishReason != "" {
+		attrs = append(attrs, keyFinishReasons.StringSlice([]string{r.FinishReason}))
+	}
+	if r.ResponseID != "" {
+		attrs = append(attrs, keyResponseID.String(r.ResponseID))
 	}
 	if r.ErrorClass != "" {
 		attrs = append(attrs, keyErrorType.String(r.ErrorClass))

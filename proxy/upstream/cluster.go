@@ -79,7 +79,7 @@ func NewCluster(opts Options) (*Cluster, error) {
 			key:        endpointKey(u),
 			raw:        spec.URL,
 			metricsURL: spec.MetricsURL,
-			healthURL:  healthURL(u, o.HealthCheck.Path),
+			healthURLs: healthURLs(u, o.HealthCheck.Path),
 			weight:     int64(w),
 			hrwKey:     hrwKey(endpointKey(u)),
 			st:         newEndpointState(),
@@ -100,8 +100,18 @@ func NewCluster(opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-func healthURL(u *url.URL, path string) string {
-	return u.Scheme + "://" + u.Host + path
+// healthURLs are the URLs an endpoint's active checks try: the configured path, or every
+// one of AutoHealthPaths.
+func healthURLs(u *url.URL, path string) []string {
+	paths := []string{path}
+	if path == "" {
+		paths = AutoHealthPaths
+	}
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = u.Scheme + "://" + u.Host + p
+	}
+	return out
 }
 
 // Name returns the cluster's name.

@@ -17,7 +17,7 @@ type Endpoint struct {
 	key        string
 	raw        string
 	metricsURL string
-	healthURL  string
+	healthURLs []string // tried in order until one exists (see HealthCheck.Path)
 	weight     int64
 	hrwKey     uint64 // rendezvous-hash key, from the URL key: the same on every replica and reload
 	st         *endpointState
@@ -46,6 +46,10 @@ type endpointState struct {
 	hcSuccesses  int   // consecutive active-check successes
 	lastCheck    time.Time
 	lastCheckErr string
+	healthIdx    atomic.Int32 // the index into healthURLs of the path that exists
+
+	models   atomic.Pointer[[]Model] // what GET /v1/models last answered; nil: never fetched
+	modelsAt atomic.Int64            // when it was last asked (unix ns by the cluster's Clock); 0: never
 }
 
 func newEndpointState() *endpointState {

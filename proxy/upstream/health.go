@@ -6,10 +6,12 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"time"
 )
 
-// healthLoop checks one endpoint every Interval until ctx is done. The first check comes
+// healthLoop checks one endpoint every Interval until ctx is done, and asks a healthy one for
+// its models every ModelsInterval. The first check comes
 // after a random delay below min(Interval, 1s) so that endpoints are not all checked at once.
 func (c *Cluster) healthLoop(ctx context.Context, e *Endpoint) {
 	defer c.wg.Done()
@@ -23,6 +25,9 @@ func (c *Cluster) healthLoop(ctx context.Context, e *Endpoint) {
 		case <-t.C:
 		}
 		c.checkOnce(ctx, e)
+		if c.opts.DiscoverModels && e.Healthy() {
+			c.maybeFetchModels(ctx, e)
+		}
 		t.Reset(interval)
 	}
 }
@@ -40,24 +45,63 @@ func (c *Cluster) checkOnce(ctx context.Context, e *Endpoint) {
 	c.recordCheck(e, err)
 }
 
+// probe runs one check of e. With several candidate paths (the default), the one found to
+// exist is asked first; a path the server does not have (404, 405, 501) moves on to the next,
+// which is remembered when it answers. Any other failure is the endpoint's.
 func (c *Cluster) probe(ctx context.Context, e *Endpoint) error {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.HealthCheck.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.healthURL, nil)
+	n := len(e.healthURLs)
+	first := int(e.st.healthIdx.Load()) % n
+	var err error
+	for k := range n {
+		i := (first + k) % n
+		var missing bool
+		if missing, err = c.check(ctx, e.healthURLs[i]); !missing {
+			if err == nil && i != first {
+				e.st.healthIdx.Store(int32(i))
+				c.log.Info("upstream: health checks use "+healthPath(e.healthURLs[i]), "endpoint", e.raw)
+			}
+			return err
+		}
+	}
+	return err
+}
+
+// check GETs one health URL; missing reports that the server has no such path.
+func (c *Cluster) check(ctx context.Context, u string) (missing bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	req.Header.Set("User-Agent", "sluice-health-check")
+	if a := c.opts.Authorization; a != "" {
+		req.Header.Set("Authorization", a)
+	}
 	resp, err := c.transport.t.RoundTrip(req)
 	if err != nil {
-		return err
+		return false, err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxHealthBody))
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return errors.New("status " + resp.Status)
+		switch resp.StatusCode {
+		case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+			missing = true
+		}
+		return missing, errors.New("GET " + healthPath(u) + ": status " + resp.Status)
 	}
-	return nil
+	return false, nil
+}
+
+// healthPath is the path part of a health URL, for messages.
+func healthPath(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		if j := strings.IndexByte(u[i+3:], '/'); j >= 0 {
+			return u[i+3+j:]
+		}
+	}
+	return u
 }
 
 // recordCheck applies one check result to e's thresholds and logs a health transition.

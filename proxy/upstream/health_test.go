@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -221,4 +222,86 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestHealthPathFallback: with no configured path, a server without /health (it answers 404
+// there, as Ollama does) is checked on /v1/models instead and stays healthy; a server whose
+// /health answers 503 is unhealthy (a failing path is not a missing one); a configured
+// path is the only one asked. The cluster's credential goes with each check.
+func TestHealthPathFallback(t *testing.T) {
+	type server struct {
+		health int // status of /health (0: 200)
+		models int // status of /v1/models (0: 200)
+	}
+	for _, tc := range []struct {
+		name    string
+		path    string
+		srv     server
+		healthy bool
+		asked   []string // paths asked, in first-asked order
+	}{
+		{"vLLM: /health exists", "", server{}, true, []string{"/health"}},
+		{"no /health: /v1/models", "", server{health: 404}, true, []string{"/health", "/v1/models"}},
+		{"405 is missing too", "", server{health: 405}, true, []string{"/health", "/v1/models"}},
+		{"/health failing is not missing", "", server{health: 503}, false, []string{"/health"}},
+		{"neither exists", "", server{health: 404, models: 404}, false, []string{"/health", "/v1/models"}},
+		{"configured path only", "/health", server{health: 404}, false, []string{"/health"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var asked []string
+			auth := map[string]string{}
+			perPath := map[string]int{}
+			hits := atomic.Int64{}
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
+				mu.Lock()
+				if !slices.Contains(asked, r.URL.Path) {
+					asked = append(asked, r.URL.Path)
+				}
+				auth[r.URL.Path] = r.Header.Get("Authorization")
+				perPath[r.URL.Path]++
+				mu.Unlock()
+				st := 0
+				switch r.URL.Path {
+				case "/health":
+					st = tc.srv.health
+				case "/v1/models":
+					st = tc.srv.models
+				}
+				if st != 0 {
+					w.WriteHeader(st)
+				}
+			}))
+			t.Cleanup(ts.Close)
+			c := newTestCluster(t, Options{
+				Endpoints: []EndpointSpec{{URL: ts.URL}},
+				HealthCheck: HealthCheck{Path: tc.path, Interval: 2 * time.Millisecond, Timeout: time.Second,
+					UnhealthyThreshold: 2},
+				Authorization: "Bearer k",
+			})
+			c.Start(t.Context())
+			waitFor(t, "ten checks", func() bool { return hits.Load() >= 10 })
+			c.Close()
+			if got := c.Endpoints()[0].Healthy(); got != tc.healthy {
+				t.Errorf("healthy %v, want %v (%+v)", got, tc.healthy, c.Snapshot()[0])
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(asked, tc.asked) {
+				t.Errorf("paths asked %v, want %v", asked, tc.asked)
+			}
+			for p, a := range auth {
+				if a != "Bearer k" {
+					t.Errorf("%s asked with Authorization %q, want the cluster's credential", p, a)
+				}
+			}
+			if tc.healthy && len(tc.asked) == 2 {
+				// The path found is remembered: /health is not asked again on every check.
+				if perPath["/health"] != 1 || perPath["/v1/models"] < 9 {
+					t.Errorf("requests by path %v: the found path is not remembered", perPath)
+				}
+			}
+		})
+	}
 }

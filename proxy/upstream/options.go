@@ -17,7 +17,6 @@ import (
 const (
 	DefaultConnectTimeout      = 2 * time.Second
 	DefaultMaxIdleConnsPerHost = 256
-	DefaultHealthPath          = "/health"
 	DefaultHealthTimeout       = 1 * time.Second
 	DefaultUnhealthyThreshold  = 3
 	DefaultHealthyThreshold    = 2
@@ -57,12 +56,19 @@ type EndpointSpec struct {
 
 // HealthCheck configures active health checking. A zero Interval disables it.
 type HealthCheck struct {
-	Path               string        // request path (may carry a query) on the endpoint's host; default "/health"
+	// Path is the request path (may carry a query) on the endpoint's host. Empty: the
+	// default, AutoHealthPaths in order — "/health" (vLLM, TGI, SGLang, llama.cpp), then
+	// "/v1/models" for servers without one (Ollama and some proxies answer 404 there) — the
+	// first that exists is used from then on.
+	Path               string
 	Interval           time.Duration // time between checks of one endpoint; 0 disables active checks
 	Timeout            time.Duration // per check; default 1s
 	UnhealthyThreshold int           // consecutive failures to mark unhealthy; default 3
 	HealthyThreshold   int           // consecutive successes to mark healthy again; default 2
 }
+
+// AutoHealthPaths are the paths an empty HealthCheck.Path tries, in order.
+var AutoHealthPaths = []string{"/health", "/v1/models"}
 
 // Outlier configures passive outlier detection (Envoy's consecutive_5xx).
 type Outlier struct {
@@ -116,10 +122,17 @@ type TLS struct {
 
 // Options configure one cluster.
 type Options struct {
-	Name                string
-	Endpoints           []EndpointSpec
-	ConnectTimeout      time.Duration // TCP dial timeout, and TLS handshake timeout; default 2s
-	HealthCheck         HealthCheck
+	Name           string
+	Endpoints      []EndpointSpec
+	ConnectTimeout time.Duration // TCP dial timeout, and TLS handshake timeout; default 2s
+	HealthCheck    HealthCheck
+	// Authorization, when set, is sent with the cluster's own requests to its endpoints
+	// (health checks, model discovery): the cluster's API key, since a server started with
+	// one wants it on /v1/models. Never logged.
+	Authorization string
+	// DiscoverModels has the active health checks also ask healthy endpoints for their
+	// models (GET /v1/models every ModelsInterval; see Cluster.Models).
+	DiscoverModels      bool
 	Outlier             Outlier
 	TLS                 TLS
 	MaxIdleConnsPerHost int          // keep-alive pool per endpoint; default 256
@@ -251,9 +264,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxIdleConnsPerHost == 0 {
 		o.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
-	}
-	if o.HealthCheck.Path == "" {
-		o.HealthCheck.Path = DefaultHealthPath
 	}
 	if o.HealthCheck.Timeout == 0 {
 		o.HealthCheck.Timeout = DefaultHealthTimeout

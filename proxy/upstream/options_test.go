@@ -140,7 +140,8 @@ func TestDefaults(t *testing.T) {
 	}{
 		{"connect", o.ConnectTimeout, 2 * time.Second},
 		{"idle", o.MaxIdleConnsPerHost, 256},
-		{"path", o.HealthCheck.Path, "/health"},
+		{"path (auto: /health, then /v1/models)", o.HealthCheck.Path, ""},
+		{"health URLs", strings.Join(c.Endpoints()[0].healthURLs, " "), "http://10.0.0.1:8000/health http://10.0.0.1:8000/v1/models"},
 		{"hc timeout", o.HealthCheck.Timeout, time.Second},
 		{"unhealthy", o.HealthCheck.UnhealthyThreshold, 3},
 		{"healthy", o.HealthCheck.HealthyThreshold, 2},

@@ -30,6 +30,9 @@ type Hint struct {
 	// PrefixLen is how many bytes of prompt PrefixHash covers; 0 means unknown (taken as
 	// long enough). Below Picking.AffinityMinPrefix the hash is ignored.
 	PrefixLen int
+	// Home, when set, is the endpoint (as configured, Endpoint.String) that holds state the
+	// request refers to (a stored Responses answer): it is picked whenever it is available.
+	Home string
 }
 
 // PickStats counts picks by the reason the endpoint was chosen. Every pick counts once.
@@ -40,6 +43,7 @@ type PickStats struct {
 	AffinityKept      int64 `json:"affinity_kept"`      // the prefix's affinity endpoint, not overloaded
 	AffinityAbandoned int64 `json:"affinity_abandoned"` // the affinity endpoint was overloaded: the best-scoring one instead
 	Panic             int64 `json:"panic"`              // panic mode: every endpoint ejected (see the package doc)
+	Home              int64 `json:"home"`               // the endpoint holding the request's state (Hint.Home)
 }
 
 // Add adds o to s.
@@ -50,6 +54,7 @@ func (s *PickStats) Add(o PickStats) {
 	s.AffinityKept += o.AffinityKept
 	s.AffinityAbandoned += o.AffinityAbandoned
 	s.Panic += o.Panic
+	s.Home += o.Home
 }
 
 type pickReason uint8
@@ -61,6 +66,7 @@ const (
 	pickAffinityKept
 	pickAffinityAbandoned
 	pickPanic
+	pickHome
 	numPickReasons
 )
 
@@ -72,6 +78,7 @@ func (s *endpointState) pickStats() PickStats {
 		AffinityKept:      s.picks[pickAffinityKept].Load(),
 		AffinityAbandoned: s.picks[pickAffinityAbandoned].Load(),
 		Panic:             s.picks[pickPanic].Load(),
+		Home:              s.picks[pickHome].Load(),
 	}
 }
 
@@ -149,6 +156,14 @@ func mix64(x uint64) uint64 {
 // endpoint's signal at most once per Picking.LoadCache (shared by all picks), and does not
 // count the request in flight: call Begin (or Acquire) on the result.
 func (c *Cluster) PickFor(exclude *Endpoint, h Hint) (*Endpoint, error) {
+	if h.Home != "" {
+		now := c.clock.Now().UnixNano()
+		for _, e := range c.endpoints {
+			if e.raw == h.Home && e != exclude && c.usable(e.st, now) {
+				return e.picked(pickHome), nil
+			}
+		}
+	}
 	p := &c.pk
 	affinity := p.affinity && h.PrefixHash != 0 && (h.PrefixLen == 0 || h.PrefixLen >= p.affMinLen)
 	if p.load == nil && !affinity {

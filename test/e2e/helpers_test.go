@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluicegw/sluice/proxy"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/test/sim"
 )
 
@@ -54,8 +55,9 @@ type gateway struct {
 
 // gatewayOpts adjust the options of startGateway.
 type gatewayOpts struct {
-	configPath    string        // write the YAML here and watch it
-	watchInterval time.Duration // with configPath
+	configPath    string               // write the YAML here and watch it
+	watchInterval time.Duration        // with configPath
+	telemetry     *telemetry.Telemetry // nil: the gateway's own
 }
 
 // startGateway builds the gateway from a YAML config, starts it and shuts it down (drain
@@ -92,6 +94,7 @@ func serveGateway(t *testing.T, cfg *config.Config, opt gatewayOpts) *gateway {
 		WatchInterval: opt.watchInterval,
 		Logger:        slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Version:       "e2e",
+		Telemetry:     opt.telemetry,
 	})
 	if err != nil {
 		t.Fatalf("proxy.New: %v", err)

@@ -317,7 +317,7 @@ func TestPolicyShapeSignals(t *testing.T) {
 	ctx := testCtx(t)
 
 	t.Run("default guard: depth over 5", func(t *testing.T) {
-		cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{s.URL})
+		cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{s.URL}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -402,15 +402,17 @@ func TestPolicyShapeSignals(t *testing.T) {
 		if _, err := c.Chat.Completions.New(ctx, userChat(prompt, 100)); err != nil {
 			t.Errorf("prompt + max_tokens within the window: %v", err)
 		}
+		// Over the window: vLLM's 400 and its words, which the SDKs and LangChain recognise.
 		_, err = c.Chat.Completions.New(ctx, userChat(prompt, 3900))
-		e = apiErrOf(t, err, http.StatusRequestEntityTooLarge, "context_length_exceeded")
-		var tokens, sum int
-		if _, err := fmt.Sscanf(e.Message, "prompt is %d tokens + max_tokens 3900 = %d, the model's context window is 4096", &tokens, &sum); err != nil || sum != tokens+3900 || sum <= 4096 {
-			t.Errorf("message %q does not name the value and the limit", e.Message)
+		e = apiErrOf(t, err, http.StatusBadRequest, "context_length_exceeded")
+		var sum, tokens, completion int
+		if _, err := fmt.Sscanf(e.Message, "This model's maximum context length is 4096 tokens. However, you requested %d tokens (%d in the messages, %d in the completion).", &sum, &tokens, &completion); err != nil ||
+			sum != tokens+3900 || completion != 3900 || sum <= 4096 || e.Param != "messages" || e.Type != "invalid_request_error" {
+			t.Errorf("error %+v does not name the value and the limit as vLLM does", e)
 		}
 		_, err = c.Chat.Completions.New(ctx, userChat("hi", 5000))
-		e = apiErrOf(t, err, http.StatusRequestEntityTooLarge, "context_length_exceeded")
-		if !strings.Contains(e.Message, "max_tokens is 5000, the model's context window is 4096") {
+		e = apiErrOf(t, err, http.StatusBadRequest, "context_length_exceeded")
+		if !strings.Contains(e.Message, "This model's maximum context length is 4096 tokens. However, you requested") {
 			t.Errorf("message %q", e.Message)
 		}
 	})

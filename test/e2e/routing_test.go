@@ -129,8 +129,15 @@ type routeState struct {
 		} `json:"splits"`
 		Budget struct {
 			Requests int64 `json:"requests"`
-			Retries  int64 `json:"retries"`
-			Allowed  int64 `json:"allowed"`
+			Clusters []struct {
+				Cluster          string `json:"cluster"`
+				Sent             int64  `json:"sent"`
+				Retries          int64  `json:"retries"`
+				RetriesAllowed   int64  `json:"retries_allowed"`
+				Fallbacks        int64  `json:"fallbacks"`
+				FallbacksAllowed int64  `json:"fallbacks_allowed"`
+			} `json:"clusters"`
+			Exhausted map[string]int64 `json:"exhausted"`
 		} `json:"budget"`
 		Breakers []struct {
 			Cluster string `json:"cluster"`
@@ -597,8 +604,98 @@ func TestRetryBudget(t *testing.T) {
 		t.Errorf("upstream saw %d requests for %d client requests, want some retries and at most %d (budget 20%%), far below %d", got, n, allowed, 3*n)
 	}
 	b := adminRoute(t, hc, g.admin, "chat").State.Budget
-	if b.Requests != n || b.Retries != got-n || b.Retries > b.Allowed {
-		t.Errorf("/admin/routes budget %+v, want %d requests and %d retries within the allowance", b, n, got-n)
+	if b.Requests != n || len(b.Clusters) != 1 || b.Clusters[0].Sent != n || b.Clusters[0].Retries != got-n ||
+		b.Clusters[0].Retries > b.Clusters[0].RetriesAllowed || b.Exhausted["retry"] == 0 || b.Exhausted["fallback"] != 0 {
+		t.Errorf("/admin/routes budget %+v, want %d requests and sends, %d retries within the allowance, refusals counted", b, n, got-n)
+	}
+	if v := metricValue(t, hc, g.admin, "sluice_retry_budget_exhausted_total", `kind="retry"`); v != float64(b.Exhausted["retry"]) {
+		t.Errorf("sluice_retry_budget_exhausted_total{kind=retry} = %v, want %d", v, b.Exhausted["retry"])
+	}
+}
+
+// TestFallbackNotStarvedByRetryBudget: a primary answering 30% of requests with 5xx and a
+// healthy fallback. Every streaming request is served (moving to another cluster is routing,
+// not a retry storm: the fallback budget is not the retry budget). Then a route whose
+// fallback budget is tiny: the refusals are said in a header, counted and logged.
+func TestFallbackNotStarvedByRetryBudget(t *testing.T) {
+	primary := startRoutingUpstream(t, sim.Config{ErrorRate5xx: 0.3, Seed: 7}, -1)
+	fallback := startRoutingUpstream(t, sim.Config{}, -1)
+	g := startGateway(t, routingConfig(`  - name: chat
+    match: {path_prefix: /v1/chat/}
+    cluster: primary
+    fallback: [{cluster: fallback}]
+  - name: tight
+    match: {path_prefix: /v1/completions}
+    cluster: primary
+    fallback: [{cluster: fallback}]
+    retry: {fallback_budget: 0, min_fallbacks_per_second: 0.2}
+`, "primary", primary.URL, "fallback", fallback.URL))
+	client := newClient(t, g.addr)
+	hc := newHTTPClient(t)
+	ctx := testCtx(t)
+
+	const n = 300
+	var (
+		wg       sync.WaitGroup
+		next     atomic.Int64
+		mu       sync.Mutex
+		failed   []string
+		onFB     int
+		attempts = map[int]int{}
+	)
+	for range 8 {
+		wg.Go(func() {
+			for next.Add(1) <= n {
+				r, acc, err := routingStream(ctx, client, routingParams("hello", 4))
+				mu.Lock()
+				attempts[r.attempts]++
+				switch {
+				case err != nil:
+					failed = append(failed, fmt.Sprintf("%v (upstream %s, attempts %d)", err, r.upstream, r.attempts))
+				case len(acc.Choices) == 0 || acc.Choices[0].Message.Content == "":
+					failed = append(failed, "empty answer")
+				case r.upstream == "fallback":
+					onFB++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Errorf("%d of %d streaming requests failed with a healthy fallback, e.g. %s", len(failed), n, failed[0])
+	}
+	if onFB < n/10 || attempts[2] != onFB {
+		t.Errorf("%d served by the fallback, attempts %v: want about 30%% moved on in 2 attempts", onFB, attempts)
+	}
+	b := adminRoute(t, hc, g.admin, "chat").State.Budget
+	if b.Exhausted["fallback"] != 0 || b.Exhausted["retry"] != 0 {
+		t.Errorf("budget refusals %v on the default route, want none", b.Exhausted)
+	}
+
+	// The tight route: 2 fallbacks a window, every other failure of the primary stands.
+	primary.status.Store(http.StatusServiceUnavailable)
+	refused := 0
+	for i := range 6 {
+		resp, body := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/completions", `{"model":"sim-llama","prompt":"hi","max_tokens":2}`)
+		switch {
+		case i < 2 && resp.StatusCode != http.StatusOK:
+			t.Errorf("request %d: %d %s, want the fallback's 200 (the floor allows 2 a window)", i, resp.StatusCode, body)
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			if got := resp.Header.Get("X-Sluice-Budget-Exhausted"); got != "fallback" {
+				t.Errorf("request %d: 503 without X-Sluice-Budget-Exhausted: fallback (got %q)", i, got)
+			}
+			refused++
+		}
+	}
+	if refused != 4 {
+		t.Errorf("%d requests refused by the fallback budget, want 4", refused)
+	}
+	if v := metricValue(t, hc, g.admin, "sluice_retry_budget_exhausted_total", `kind="fallback"`, `route="tight"`); v != 4 {
+		t.Errorf("sluice_retry_budget_exhausted_total{route=tight,kind=fallback} = %v, want 4", v)
+	}
+	if logs := g.logs.String(); strings.Count(logs, "retry budget exhausted") != 1 {
+		t.Errorf("want the refusals logged once per interval, log:\n%s", logs)
 	}
 }
 

@@ -83,7 +83,7 @@ func TestSessionsFidelity(t *testing.T) {
 
 func TestRunThroughGateway(t *testing.T) {
 	url := startSim(t, sim.Config{TTFT: 10 * time.Millisecond, ITL: 2 * time.Millisecond, Seed: 1})
-	cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{url})
+	cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{url}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/upstream"
 	"github.com/sluicegw/sluice/xds"
 )
 
@@ -133,6 +134,7 @@ func clusterResource(cc config.Cluster) (*clusterv3.Cluster, *endpointv3.Cluster
 	cp := xds.ClusterPolicy{
 		Timeouts: xds.ClusterTimeouts{TTFT: cc.Timeouts.TTFT, Idle: cc.Timeouts.Idle, Total: cc.Timeouts.Total},
 		Picking:  cc.Picking, MaxIdleConnsPerHost: cc.MaxIdleConnsPerHost, APIKeyEnv: cc.APIKeyEnv,
+		HealthPathAuto: !cc.HealthCheck.Disabled && cc.HealthCheck.Path == "",
 	}
 	md, err := xds.NewMetadata(cp)
 	if err != nil {
@@ -210,6 +212,9 @@ func clusterResource(cc config.Cluster) (*clusterv3.Cluster, *endpointv3.Cluster
 	}
 
 	if hc := cc.HealthCheck; !hc.Disabled {
+		if hc.Path == "" {
+			hc.Path = upstream.AutoHealthPaths[0] // Envoy wants a path; the metadata says it is the default
+		}
 		cl.HealthChecks = []*corev3.HealthCheck{{
 			Timeout: durationpb.New(hc.Timeout.D()), Interval: durationpb.New(hc.Interval.D()),
 			UnhealthyThreshold: wrapperspb.UInt32(uint32(max(hc.UnhealthyThreshold, 0))),
