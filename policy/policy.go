@@ -19,14 +19,22 @@ import (
 // Request is what a policy sees of one client request: the parsed body plus its identity.
 type Request struct {
 	*openai.Request
-	ID       string      // x-request-id
-	Route    string      // matched route name
-	Tenant   string      // tenant name ("" when anonymous)
-	Client   string      // the client's IP address (the peer's; X-Forwarded-For is not trusted)
-	Session  string      // X-Session-ID, else the body's user field
-	GrayFlag string      // value of the gray-flag header
-	Header   http.Header // the client's headers (read-only)
-	Arrival  time.Time   // when the gateway received the request
+	ID     string // x-request-id
+	Route  string // matched route name
+	Tenant string // tenant name ("" when anonymous)
+	// Client is the client's IP address: the peer's, or, when the peer is one of the
+	// configured trusted_proxies, the first address from the right of X-Forwarded-For
+	// (or Forwarded) that is not a trusted proxy.
+	Client string
+	// ClientKnown reports that Client names one client: trusted_proxies is configured, so
+	// the gateway knows which peers are proxies. Without it the peer may be a load balancer
+	// or a sidecar in front of many clients, and nothing per client (a breaker, a baseline)
+	// may be keyed by it.
+	ClientKnown bool
+	Session     string      // X-Session-ID, else the body's user field
+	GrayFlag    string      // value of the gray-flag header
+	Header      http.Header // the client's headers (read-only)
+	Arrival     time.Time   // when the gateway received the request
 	// ContextWindow is the context window the model server advertises for the request's
 	// model (vLLM's max_model_len on /v1/models), 0 when unknown.
 	ContextWindow int
