@@ -16,7 +16,7 @@ import (
 // BenchmarkGuardAndRateLimit measures what the admission chain of a route adds to one
 // request on the estimator path, in the gateway's order: ratelimit.Admit, guard.Admit, then
 // their Decision.Done with the request's Outcome. Both are built through policy.Build as the
-// gateway builds them: the guard with its defaults (depth 5, surge 3 × p95 after 100
+// gateway builds them: the guard with its defaults (depth 64, surge 3 × p95 after 100
 // prompts, the model's known context window, breakers), the limiter with requests and tokens
 // per minute far above what the loop spends. The body is parsed once, outside the loop.
 //

@@ -56,8 +56,7 @@ func (h *Handler) forward(ctx context.Context, ex *exchange, st *state, rt *conf
 func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate, fallback bool, res *result, attempts *int) string {
 	cl := st.clusters[cand.Cluster]
 	if cl == nil {
-		*res = failure(classError(classNoEndpoint, time.Second))
-		res.cluster = cand.Cluster
+		unavailable(ex, res, classError(classNoEndpoint, time.Second), cand.Cluster)
 		return policy.CondNoEndpoint
 	}
 	var prev *upstream.Endpoint
@@ -65,16 +64,14 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		done, ok := rtr.Breakers().Allow(cand.Cluster)
 		if !ok {
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, classBreakerOpen)
-			*res = failure(classError(classBreakerOpen, rtr.Breakers().RetryAfter(cand.Cluster)))
-			res.cluster = cand.Cluster
+			unavailable(ex, res, classError(classBreakerOpen, rtr.Breakers().RetryAfter(cand.Cluster)), cand.Cluster)
 			return policy.CondBreakerOpen
 		}
 		ep, err := cl.PickFor(prev, upstream.Hint{PrefixHash: ex.preq.PrefixHash, PrefixLen: ex.preq.PrefixLen, Home: ex.home})
 		if err != nil {
 			done(false, true)
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, classNoEndpoint)
-			*res = failure(classError(classNoEndpoint, time.Second))
-			res.cluster = cand.Cluster
+			unavailable(ex, res, classError(classNoEndpoint, time.Second), cand.Cluster)
 			return policy.CondNoEndpoint
 		}
 		if !h.spend(ctx, ex, rt, rtr, cand.Cluster, try, fallback) {
@@ -127,6 +124,20 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		}
 		prev = ep
 	}
+}
+
+// unavailable records that a candidate could not be tried (unknown cluster, breaker open, no
+// endpoint). Before anything reached the client it is the request's answer; once a stream
+// has started (a resume), the stream keeps what the client has and ends with this in-band
+// error unless a later candidate continues it.
+func unavailable(ex *exchange, res *result, e *openai.Error, cluster string) {
+	if !ex.committed {
+		*res = failure(e)
+		res.cluster = cluster
+		return
+	}
+	res.inband, res.upstreamErr = e, nil
+	res.class = e.Code
 }
 
 // budgetLogEvery bounds the log of a route's budget refusals to one line per kind and interval.
@@ -190,9 +201,11 @@ func (h *Handler) prepareResume(ex *exchange, res *result) bool {
 	if err != nil {
 		return false
 	}
-	ex.body = body
-	res.upstreamErr = nil // the continuation replaces the server's error
+	ex.contBody = body
 	tap := res.tap
+	// The continuation is a new answer from another server: whether it errs or ends is its
+	// own to say.
+	tap.ErrorSeen, tap.Done = false, false
 	ex.carryTap = &tap
 	h.srv.log.Info("resuming a cut stream on the next candidate", "request_id", ex.id,
 		"cluster", res.cluster, "class", res.class, "tokens_so_far", tap.TokenEvents)
@@ -221,6 +234,9 @@ func (h *Handler) settlePending(ex *exchange, res result) result {
 		ex.writePending(res.pending, &res)
 		res.pending = nil
 		res.err = nil
+	}
+	if ex.committed && res.inband == nil && res.err != nil && res.err != errClientGone {
+		res.inband = res.err // never end a started stream silently
 	}
 	if res.inband != nil && ex.committed {
 		ev := res.upstreamErr // the model server's own words, once
@@ -309,6 +325,15 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	res.wait += time.Since(sent)
 	if err != nil {
 		res.class = transportClass(actx)
+		if res.class == classConnect && protocolFailure(err) {
+			// The server was reached and answered badly (a malformed status line or
+			// headers, a flood of 1xx, oversized headers, a short answer): not a connection
+			// failure, and the request may have been run.
+			ep.Report(false)
+			res.class, res.err = classUpstreamProtocol, protocolError(err)
+			res.status, res.retryable = res.err.Status, true
+			return res
+		}
 		if res.class == classConnect {
 			ep.Report(false)
 		}
@@ -357,10 +382,22 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	}).WithContext(ctx)
 	copyHeaders(out.Header, r.Header)
 	out.Header.Del("Content-Length")
+	for _, k := range neverForwarded {
+		delete(out.Header, k)
+	}
+	if cl.apiKey != "" {
+		// The cluster's credential replaces the client's: all of them, not only
+		// Authorization (api-key, x-api-key, cookies, vendor key headers).
+		for k := range out.Header {
+			if config.CredentialLike(k) {
+				delete(out.Header, k)
+			}
+		}
+	}
 
 	body := ex.preq.Body
-	if ex.body != nil {
-		body = ex.body
+	if ex.contBody != nil {
+		body = ex.contBody
 	}
 	if cand.Model != "" && cand.Model != ex.preq.Model && body != nil {
 		b, err := openai.SetModel(body, cand.Model)
@@ -397,6 +434,15 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	}
 	h.srv.tel.Inject(ctx, out.Header)
 	return out, nil
+}
+
+// neverForwarded are request headers that never reach a model server: Sluice's own (the
+// admin token, chaos faults), and headers some servers and proxies read as the URL to serve
+// or the host the client asked for, which would let a client reach what its path does not
+// name.
+var neverForwarded = []string{
+	http.CanonicalHeaderKey(fault.Header), http.CanonicalHeaderKey(fault.HeaderToken),
+	"X-Original-Url", "X-Rewrite-Url", "X-Forwarded-Host", "X-Forwarded-Server", "X-Host", "X-Http-Method-Override",
 }
 
 // watchdog enforces the TTFT and idle time-outs of one attempt with a single timer: armed with

@@ -2,8 +2,14 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"io"
+	"net"
 	"net/http"
+	"os"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -11,22 +17,31 @@ import (
 
 // Error classes: why a request or an attempt failed. They label metrics and Outcomes.
 const (
-	classClientCancel  = "client_cancel"   // the client went away
-	classTTFTTimeout   = "ttft_timeout"    // no first byte within the route's TTFT time-out
-	classIdleTimeout   = "idle_timeout"    // no event within the idle time-out, mid-stream
-	classTimeout       = "timeout"         // the route's total time-out
-	classConnect       = "connect"         // could not connect to (or send to) the endpoint
-	classNoEndpoint    = "no_endpoint"     // no healthy endpoint in the cluster
-	classUpstream5xx   = "upstream_5xx"    // the model server answered 5xx
-	classUpstream429   = "upstream_429"    // the model server answered 429
-	classUpstream4xx   = "upstream_4xx"    // the model server answered another 4xx
-	classStreamCut     = "stream_cut"      // the stream broke after it started
-	classStreamError   = "stream_error"    // the model server reported an error in the stream, after it started
-	classEmptyResponse = "upstream_empty"  // the upstream closed before sending anything
-	classShutdown      = "shutdown"        // the gateway's drain deadline passed
-	classUpstreamError = "upstream_error"  // the upstream's answer could not be relayed
-	classBreakerOpen   = "breaker_open"    // the cluster's breaker is open
-	classPerTryTimeout = "per_try_timeout" // one attempt exceeded retry.per_try_timeout (or a step's total)
+	classClientCancel  = "client_cancel"  // the client went away
+	classClientStalled = "client_stalled" // the client stopped reading: a write to it exceeded the write time-out
+	classBodyTimeout   = "body_timeout"   // the client did not send its body within the body time-out
+	classTTFTTimeout   = "ttft_timeout"   // no first byte within the route's TTFT time-out
+	classIdleTimeout   = "idle_timeout"   // no event within the idle time-out, mid-stream
+	classTimeout       = "timeout"        // the route's total time-out
+	classConnect       = "connect"        // could not connect to (or send to) the endpoint
+	classNoEndpoint    = "no_endpoint"    // no healthy endpoint in the cluster
+	classUpstream5xx   = "upstream_5xx"   // the model server answered 5xx
+	classUpstream429   = "upstream_429"   // the model server answered 429
+	classUpstream4xx   = "upstream_4xx"   // the model server answered another 4xx
+	classStreamCut     = "stream_cut"     // the stream broke after it started
+	classStreamError   = "stream_error"   // the model server reported an error in the stream, after it started
+	classEmptyResponse = "upstream_empty" // the upstream closed before sending anything
+	classShutdown      = "shutdown"       // the gateway's drain deadline passed
+	classUpstreamError = "upstream_error" // the upstream's answer could not be relayed
+	// classUpstreamProtocol: the model server's answer broke HTTP (malformed, a short or
+	// broken body, oversized headers, a flood of 1xx): it was reached and may have done
+	// the work, so this is not a connection failure.
+	classUpstreamProtocol = "upstream_protocol"
+	// classUpstreamMalformed: a successful answer not in the promised shape (not JSON, not an
+	// event stream for a stream, an encoding not asked for).
+	classUpstreamMalformed = "upstream_malformed"
+	classBreakerOpen       = "breaker_open"    // the cluster's breaker is open
+	classPerTryTimeout     = "per_try_timeout" // one attempt exceeded retry.per_try_timeout (or a step's total)
 )
 
 // statusClientClosed is nginx's 499: the client closed the request.
@@ -107,4 +122,30 @@ func transportClass(ctx context.Context) string {
 		return causeClass(ctx)
 	}
 	return classConnect
+}
+
+// protocolFailure reports whether a transport error means the model server was reached and
+// broke HTTP, rather than that it could not be reached: any error that is not a network
+// operation failing (dial, a reset, a refused connection, a time-out), a TLS handshake
+// failure, or a connection closed before any answer (which a server closing an idle
+// keep-alive connection also causes, and which is safe to retry).
+func protocolFailure(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	var cert *tls.CertificateVerificationError
+	var rec tls.RecordHeaderError
+	var alert tls.AlertError
+	switch {
+	case errors.As(err, &op), errors.As(err, &dns), errors.As(err, &cert), errors.As(err, &rec), errors.As(err, &alert):
+		return false
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	// A keep-alive connection the server closed as the request was sent on it: nothing ran.
+	return !strings.Contains(err.Error(), "server closed idle connection")
 }

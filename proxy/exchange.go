@@ -3,10 +3,13 @@ package proxy
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
-	"net"
+	"mime"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +23,7 @@ import (
 type exchange struct {
 	w         http.ResponseWriter
 	r         *http.Request
+	rc        *http.ResponseController // the client connection's deadlines
 	flusher   http.Flusher
 	id        string
 	start     time.Time
@@ -33,17 +37,26 @@ type exchange struct {
 	// Resuming a cut stream (route resume: true, chat only).
 	capture  bool              // collect the streamed text
 	streamed openai.StreamText // what was relayed so far, and whether a continuation can carry it
-	body     []byte            // when set, sent instead of the request's body (a continuation)
+	contBody []byte            // when set, sent instead of the request's body (a continuation)
 	carryTap *openai.Tap       // the cut attempt's tap, continued by the resumed one
 
 	inj      *fault.Injection // chaos faults of this request, nil when none
 	mirror   *mirrorJob       // the request's mirrored copy, nil when not mirrored
 	streamID []byte           // the first stream's chunk id (raw JSON), kept by the resumed one
 	home     string           // the endpoint holding the stored answer the request refers to ("": none)
+
+	corsOrigin string        // the request's Origin when cors allows it
+	held       int64         // bytes of the answer buffers this request holds (given back at the end)
+	body       *bodyDeadline // the body under the body time-out, nil when none
 }
 
-func newExchange(w http.ResponseWriter, r *http.Request) *exchange {
-	ex := &exchange{w: w, r: r, start: time.Now()}
+func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *exchange {
+	ex := &exchange{r: r, start: time.Now()}
+	ex.rc = http.NewResponseController(w)
+	if write > 0 {
+		w = &deadlineWriter{ResponseWriter: w, rc: ex.rc, d: write}
+	}
+	ex.w = w
 	ex.flusher, _ = w.(http.Flusher)
 	ex.id = r.Header.Get("X-Request-Id")
 	if ex.id == "" || len(ex.id) > 128 {
@@ -53,11 +66,100 @@ func newExchange(w http.ResponseWriter, r *http.Request) *exchange {
 	return ex
 }
 
+// deadlineWriter bounds each write to the client by the write time-out: a client that stops
+// reading (or reads a byte a second) fails the write, which ends the request and releases
+// its upstream. The deadline is pushed forward at most once a second, so it costs a clock
+// read per write.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc  *http.ResponseController
+	d   time.Duration
+	set time.Time // when the deadline was last pushed forward
+}
+
+func (w *deadlineWriter) refresh() {
+	if now := time.Now(); now.Sub(w.set) >= time.Second {
+		_ = w.rc.SetWriteDeadline(now.Add(w.d))
+		w.set = now
+	}
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.refresh()
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *deadlineWriter) WriteHeader(code int) {
+	w.refresh()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *deadlineWriter) Flush() {
+	w.refresh()
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// release gives back what the request holds of the gateway once it has ended: its share of
+// the answer buffers, and its connection's deadlines (which a keep-alive connection would
+// otherwise carry into its next request).
+func (ex *exchange) release(b *answerBuffers) {
+	if ex.held > 0 {
+		b.give(ex.held)
+		ex.held = 0
+	}
+	ex.clearDeadlines()
+}
+
+func (ex *exchange) clearDeadlines() {
+	if ex.body == nil || ex.body.done {
+		// A body cut off by its time-out keeps its deadline: the server would otherwise
+		// wait for the rest of it, holding the connection, before closing it.
+		_ = ex.rc.SetReadDeadline(time.Time{})
+	}
+	if dw, ok := ex.w.(*deadlineWriter); ok && !dw.set.IsZero() {
+		_ = ex.rc.SetWriteDeadline(time.Time{})
+	}
+}
+
+// bodyDeadline lifts the body's read deadline when the body has been read to its end.
+type bodyDeadline struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *bodyDeadline) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// writeFailed is the class of a failed write to the client: it stopped reading (the write
+// time-out), or went away.
+func writeFailed(err error) string {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return classClientStalled
+	}
+	return classClientCancel
+}
+
 // commit writes the response headers: the upstream's (hop-by-hop and length dropped) plus
 // Sluice's own.
 func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	h := ex.w.Header()
 	copyHeaders(h, upstream)
+	dropCORS(h) // the model server's; only Sluice's own allowance stands
+	if ex.corsOrigin != "" {
+		setCORS(h, ex.corsOrigin)
+	}
 	for k, vs := range ex.policyHeader {
 		h[k] = vs
 	}
@@ -199,24 +301,26 @@ func sessionOf(r *http.Request, req *openai.Request) string {
 // isAPIPath reports whether p is under /v1/. A path with a "." or ".." segment is not: an
 // upstream (or a proxy in front of it) that normalises it would serve a path outside /v1/, or
 // another route's endpoint than the one matched.
-// clientOf is the client's address: the peer's IP. (X-Forwarded-For is not trusted: any
-// client could send one.)
-func clientOf(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
 func isAPIPath(p string) bool {
 	return (strings.HasPrefix(p, "/v1/") || p == "/v1") && !hasDotSegment(p)
 }
 
+// hasDotSegment reports whether a path has a segment that some server or proxy would read
+// as "." or "..": the plain ones, ones with path parameters ("..;x", which Tomcat and others
+// strip), a backslash anywhere (read as a separator by some), or an empty segment ("//").
 func hasDotSegment(p string) bool {
-	for p != "" {
+	if strings.IndexByte(p, '\\') >= 0 {
+		return true
+	}
+	for i := 0; p != ""; i++ {
 		var seg string
 		seg, p, _ = strings.Cut(p, "/")
+		if i > 0 && seg == "" && p != "" {
+			return true // "//"
+		}
+		if k := strings.IndexByte(seg, ';'); k >= 0 {
+			seg = seg[:k]
+		}
 		if seg == "." || seg == ".." {
 			return true
 		}
@@ -228,5 +332,23 @@ func modelSuffix(m string) string {
 	if m == "" {
 		return ""
 	}
-	return " for model " + strconv.Quote(m)
+	return " for model " + strconv.Quote(truncate(m, 256))
+}
+
+// truncate bounds a client-given string quoted back in a message or a log line.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// jsonContentType reports whether a Content-Type names JSON: application/json or any
+// application/*+json, parameters allowed.
+func jsonContentType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -30,15 +31,34 @@ type Handler struct {
 
 // ServeHTTP serves one client request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ex := newExchange(w, r)
 	st := h.srv.state.Load()
+	if r.Method == http.MethodOptions {
+		st.cors.preflight(w, r) // Sluice's answer, never a model server's
+		return
+	}
+	c := st.snap.Config
+	ex := newExchange(w, r, c.Timeouts.Write.D())
+	defer ex.release(&h.srv.buffers)
+	if d := c.Timeouts.Body.D(); d > 0 && r.Body != nil && r.Body != http.NoBody {
+		// The body must arrive within the body time-out (the total time-out starts after
+		// parsing): a client that sends part of one holds nothing longer. The deadline is
+		// lifted once the body is read (the server then watches the connection for the
+		// client going away, which a deadline would fake).
+		_ = ex.rc.SetReadDeadline(ex.start.Add(d))
+		ex.body = &bodyDeadline{ReadCloser: r.Body, rc: ex.rc}
+		r.Body = ex.body
+	}
+	if o := r.Header.Get("Origin"); st.cors.allows(o) {
+		ex.corsOrigin = o
+		setCORS(w.Header(), o)
+	}
 	tel := h.srv.tel
 	ctx, span := tel.StartServer(r.Context(), r, "")
 	defer span.End()
 
 	// 1. parse: the body once, bounded; 413 past the limit, 400 when malformed.
 	kind := openai.KindOf(r.Method, r.URL.Path)
-	req, perr := h.parse(r, kind, st)
+	req, perr := h.parse(ex.w, r, kind, st)
 	if perr != nil {
 		h.finish(ctx, ex, st, nil, span, failure(perr))
 		return
@@ -48,8 +68,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	preq := &policy.Request{
 		Request: req, ID: ex.id, Header: r.Header, Arrival: ex.start,
 		Session: sessionOf(r, req), GrayFlag: r.Header.Get("X-Gray-Flag"),
-		Client: clientOf(r),
 	}
+	preq.Client, preq.ClientKnown = st.trust.clientOf(r)
 	if st.tenants != nil {
 		preq.Tenant, _ = st.tenants.Identify(r.Header)
 	}
@@ -119,7 +139,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		plan = []policy.Candidate{{Cluster: adm.reroute}}
 	}
 	// A follow-up of a stored Responses answer goes where the answer lives.
-	if p, ep, ok := st.homePlan(h.srv.homes, preq, r.URL.Path, plan); ok {
+	if p, ep, ok := st.homePlan(h.srv.homes, rt, preq, r.URL.Path, plan); ok {
 		plan, ex.home = p, ep
 	}
 
@@ -158,19 +178,37 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // parse reads and parses the body of the OpenAI endpoints that carry a model (chat,
 // completions, embeddings, responses); other /v1/ paths pass through.
-func (h *Handler) parse(r *http.Request, kind openai.Kind, st *state) (*openai.Request, *openai.Error) {
-	if !isAPIPath(r.URL.Path) {
+func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind, st *state) (*openai.Request, *openai.Error) {
+	if p := r.URL.Path; !strings.HasPrefix(p, "/v1/") && p != "/v1" {
 		return nil, openai.NewError(http.StatusNotFound, "invalid_request_error", "unknown_url",
-			"unknown path "+r.URL.Path+": Sluice serves the OpenAI API under /v1/")
+			"unknown path "+truncate(p, 256)+": Sluice serves the OpenAI API under /v1/")
+	}
+	if hasDotSegment(r.URL.Path) || hasDotSegment(r.URL.EscapedPath()) {
+		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_path",
+			"the path has a segment that servers may read as . or .. (a dot segment, ..;, a backslash or //): refused")
 	}
 	if !kind.HasModel() {
 		return &openai.Request{Kind: kind}, nil
+	}
+	if !jsonContentType(r.Header.Get("Content-Type")) {
+		// Browsers send text/plain and form bodies without asking (a "simple request"): a
+		// page must not be able to make a visitor's browser call the API.
+		return nil, openai.NewError(http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_media_type",
+			"the request body must be JSON: send Content-Type: application/json")
 	}
 	body, err := openai.ReadBody(r.Body, int64(st.snap.Config.MaxBodyBytes))
 	if err != nil {
 		var oe *openai.Error
 		if errors.As(err, &oe) {
 			return nil, oe
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// (The server may have cancelled the request's context on the failed read: the
+			// body time-out is what happened.) The connection is closed after the answer:
+			// the rest of its body will not be waited for.
+			w.Header().Set("Connection", "close")
+			return nil, openai.NewError(http.StatusRequestTimeout, "invalid_request_error", classBodyTimeout,
+				"the request body did not arrive within the body time-out ("+st.snap.Config.Timeouts.Body.D().String()+")")
 		}
 		if r.Context().Err() != nil {
 			return nil, errClientGone
@@ -337,7 +375,7 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 		out.InputTokens = ex.preq.PromptTokens
 	}
 	ex.outcome = out
-	if ex.preq != nil && res.status == http.StatusOK && res.tap.ID != "" && res.cluster != "" && stores(ex.preq) {
+	if ex.preq != nil && res.status == http.StatusOK && res.class == "" && res.tap.ID != "" && res.cluster != "" && stores(ex.preq) {
 		h.srv.homes.put(res.tap.ID, home{cluster: res.cluster, endpoint: res.endpoint})
 	}
 	if ex.preq != nil && rt != nil {
@@ -355,8 +393,12 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 	if ex.preq != nil {
 		rec.Route = ex.preq.Route
 		rec.Operation = ex.preq.Kind.Operation()
-		rec.RequestModel = ex.preq.Model
-		rec.ResponseModel = res.model
+		// Client-given names are bounded: the config's and the servers' stand, others are "other".
+		if out.Status < 300 && out.ErrorClass == "" && res.attempts > 0 {
+			h.srv.served.learn(res.model) // a server answered for it: a real model
+		}
+		rec.RequestModel = st.modelLabel(&h.srv.served, ex.preq.Model)
+		rec.ResponseModel = st.modelLabel(&h.srv.served, res.model)
 		rec.Stream = ex.preq.Stream
 	}
 	h.srv.tel.RecordRequest(ctx, rec)

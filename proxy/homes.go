@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
@@ -82,7 +83,7 @@ func stores(r *policy.Request) bool {
 // homePlan pins a plan to the home of the stored answer the request refers to: the plan's
 // candidate on the home cluster (or one for it), alone. ok is false when the request refers
 // to none, or to one Sluice did not see made (the plan stands).
-func (st *state) homePlan(hs *homes, r *policy.Request, urlPath string, plan []policy.Candidate) (pinned []policy.Candidate, endpoint string, ok bool) {
+func (st *state) homePlan(hs *homes, rt *config.CompiledRoute, r *policy.Request, urlPath string, plan []policy.Candidate) (pinned []policy.Candidate, endpoint string, ok bool) {
 	id := storedID(r, urlPath)
 	if id == "" {
 		return plan, "", false
@@ -95,6 +96,11 @@ func (st *state) homePlan(hs *homes, r *policy.Request, urlPath string, plan []p
 		if c.Cluster == at.cluster {
 			return []policy.Candidate{c}, at.endpoint, true
 		}
+	}
+	// Another split of the route made it (a gray flag, a weight change, no session key):
+	// that split's candidate, with its model rewrite and time-outs.
+	if c, ok := st.routers[rt.Index].CandidateFor(at.cluster); ok {
+		return []policy.Candidate{c}, at.endpoint, true
 	}
 	return []policy.Candidate{{Cluster: at.cluster}}, at.endpoint, true
 }

@@ -249,3 +249,79 @@ func writeOwn(ex *exchange, body []byte) result {
 	_, _ = ex.w.Write(body)
 	return result{status: http.StatusOK}
 }
+
+// otherModel is the metric label of a model neither the config nor a model server knows.
+const otherModel = "other"
+
+// knownModels are the model names the config gives: what routes match exactly and every
+// rewrite (routes, splits, fallback steps, mirrors).
+func knownModels(c *config.Config) map[string]bool {
+	m := map[string]bool{}
+	add := func(s string) {
+		if s != "" && !isGlob(s) {
+			m[s] = true
+		}
+	}
+	for _, r := range c.Routes {
+		add(r.Match.Model)
+		add(r.Model)
+		for _, sp := range r.Splits {
+			add(sp.Model)
+		}
+		for _, st := range r.Fallback {
+			add(st.Model)
+		}
+		if r.Mirror != nil {
+			add(r.Mirror.Model)
+		}
+	}
+	return m
+}
+
+// modelLabel bounds a model name that labels metrics: a name the config or a model server
+// knows (its /v1/models, or a successful answer for it) stands, anything else (a name only a
+// client gave) is "other", so that no client can grow the metric series. It allocates
+// nothing.
+func (st *state) modelLabel(served *servedModels, m string) string {
+	if m == "" || st.models[m] || served.has(m) {
+		return m
+	}
+	for _, cl := range st.clusters {
+		if cl.HasModel(m) {
+			return m
+		}
+	}
+	return otherModel
+}
+
+// maxServedModels bounds the names learnt from successful answers.
+const maxServedModels = 256
+
+// servedModels are the model names model servers answered successfully, for clusters whose
+// lists are not discovered (health checks off, or no /v1/models). Bounded: past
+// maxServedModels a new name is not learnt. It lives across reloads.
+type servedModels struct {
+	mu    sync.RWMutex
+	names map[string]struct{}
+}
+
+func (s *servedModels) has(m string) bool {
+	s.mu.RLock()
+	_, ok := s.names[m]
+	s.mu.RUnlock()
+	return ok
+}
+
+func (s *servedModels) learn(m string) {
+	if m == "" || len(m) > 256 || s.has(m) {
+		return
+	}
+	s.mu.Lock()
+	if s.names == nil {
+		s.names = map[string]struct{}{}
+	}
+	if len(s.names) < maxServedModels {
+		s.names[m] = struct{}{}
+	}
+	s.mu.Unlock()
+}

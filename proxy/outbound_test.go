@@ -70,7 +70,7 @@ func TestOutbound(t *testing.T) {
 			r.Header.Set("X-Hop", "1")
 			r.Header.Set("Authorization", "Bearer client")
 			r.Header.Set("X-Forwarded-For", "10.0.0.1")
-			ex := newExchange(httptest.NewRecorder(), r)
+			ex := newExchange(httptest.NewRecorder(), r, 0)
 			ex.preq = &policy.Request{Request: &openai.Request{Kind: openai.KindModels}}
 			cl := srv.state.Load().clusters["main"]
 			var res result

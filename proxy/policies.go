@@ -20,7 +20,8 @@ import (
 var admissionOrder = []string{"ratelimit", "guard", "concurrency", "batch"}
 
 // defaultPolicies are added to every route that does not configure their type: the guard's
-// first-try protection (content depth 5, surge 3 × p95 after 100 requests).
+// first-try protection (content depth 64, surge 3 × the sender's p95 after 100 requests and
+// never below 32768 tokens).
 var defaultPolicies = []policy.Spec{{Type: "guard"}}
 
 // builtPolicy is one policy instance with the spec it was built from, so that a reload

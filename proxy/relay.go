@@ -7,16 +7,58 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
-// maxBufferedBody bounds how much of a non-streaming answer is held before it is relayed;
-// larger answers are streamed through as they come (and can no longer be retried).
+// maxBufferedBody bounds how much of a mirrored copy's non-streaming answer is kept for the
+// comparison.
 const maxBufferedBody = 32 << 20
+
+// answerBuffers bounds the bytes of non-streaming answers the gateway holds at once
+// (limits.max_buffered_total): an answer that does not get its room is streamed through as
+// it comes, and can no longer be retried.
+type answerBuffers struct{ used atomic.Int64 }
+
+// take reserves n bytes within limit, or reports false.
+func (b *answerBuffers) take(n, limit int64) bool {
+	for {
+		u := b.used.Load()
+		if u+n > limit {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
+func (b *answerBuffers) give(n int64) { b.used.Add(-n) }
+
+// hold is one answer's share of the answer buffers: at most max bytes, taken as it grows
+// and given back when the request ends (exchange.release).
+type hold struct {
+	all        *answerBuffers
+	max, total int64 // this answer's bound, and every answer's
+	held       *int64
+}
+
+// grow reserves room for a buffer of n bytes more.
+func (h *hold) grow(n int) bool {
+	if h == nil {
+		return true
+	}
+	if !h.all.take(int64(n), h.total) {
+		return false
+	}
+	*h.held += int64(n)
+	return true
+}
 
 // maxHeldBeforeFirstEvent bounds the data-less events (keep-alive comments) held back until a
 // stream's first event; past it they are dropped.
@@ -94,7 +136,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	skip := resumed
 	res.status = resp.StatusCode
 	for {
-		tokens, errored := tap.TokenEvents, tap.ErrorSeen
+		tokens, errored, finished, usage := tap.TokenEvents, tap.ErrorSeen, tap.Finished, tap.HaveUsage
 		tap.Observe(ev, t1)
 		if tap.ErrorSeen && !errored {
 			if !ex.committed {
@@ -111,12 +153,15 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			if len(held) > 0 {
 				if _, werr := ex.w.Write(held); werr != nil {
 					cancel(errClientWrite)
-					res.class, res.status = classClientCancel, statusClientClosed
+					res.class, res.status = writeFailed(werr), statusClientClosed
 					return
 				}
 			}
 		}
-		if skip && tap.TokenEvents > tokens {
+		// A continuation's events before its first token (its role chunk) are not relayed:
+		// the client has them. Anything more is: a token, a finish (a continuation may end at
+		// once), its usage, its [DONE].
+		if skip && (tap.TokenEvents > tokens || tap.Finished > finished || tap.HaveUsage != usage || ev.IsDone()) {
 			skip = false
 		}
 		if ex.capture {
@@ -136,7 +181,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			}
 			if _, werr := ex.w.Write(raw); werr != nil {
 				cancel(errClientWrite)
-				res.class, res.status = classClientCancel, statusClientClosed
+				res.class, res.status = writeFailed(werr), statusClientClosed
 				return
 			}
 			// Flush unless the next event already arrived with this one: a burst goes out
@@ -162,7 +207,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		}
 		wd.beat()
 	}
-	if tap.Done {
+	if tap.Done && !errors.Is(err, errUpstreamStreamError) { // response.failed is an end, not a success
 		ep.Report(true)
 		return
 	}
@@ -220,7 +265,7 @@ var doneEvent = []byte("data: [DONE]\n\n")
 // client gets it, and the attempt counts as a success.
 func (h *Handler) endFinishedStream(ex *exchange, tap *openai.Tap, ep *upstream.Endpoint, res *result) {
 	if _, err := ex.w.Write(doneEvent); err != nil {
-		res.class, res.status = classClientCancel, statusClientClosed
+		res.class, res.status = writeFailed(err), statusClientClosed
 		return
 	}
 	ex.flush()
@@ -300,10 +345,27 @@ func withStreamID(ev openai.Event, id json.RawMessage) []byte {
 func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
 	wd.beat() // headers arrived: the TTFT phase is over for a non-streaming answer
 	res.status = resp.StatusCode
-	body, complete, err := readBounded(resp.Body, maxBufferedBody, wd, res)
+	lm := h.srv.state.Load().snap.Config.Limits
+	hd := &hold{all: &h.srv.buffers, max: int64(lm.MaxBufferedAnswer), total: int64(lm.MaxBufferedTotal), held: &ex.held}
+	body, complete, err := readBounded(resp.Body, int(hd.max), resp.ContentLength, hd, wd, res)
 	if err != nil {
+		if ctx.Err() == nil {
+			// The headers came and the body broke (short, bad chunking, reset): the server
+			// answered and may have done the work; not a connection failure.
+			ep.Report(false)
+			res.class, res.err = classUpstreamProtocol, protocolError(err)
+			res.status, res.retryable = res.err.Status, true
+			return
+		}
 		h.failBeforeFirstByte(ctx, err, ep, res)
 		return
+	}
+	if resp.StatusCode < 300 && complete {
+		if e := unpromisedBody(ex.preq.Request, resp, body); e != nil {
+			ep.Report(false)
+			res.class, res.err, res.status, res.retryable = classUpstreamMalformed, e, e.Status, true
+			return
+		}
 	}
 	now := time.Now()
 	switch s := resp.StatusCode; {
@@ -327,7 +389,7 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 	// Too large to hold: relay what we have and stream the rest through.
 	ex.commit(resp.StatusCode, resp.Header, res)
 	if _, err := ex.w.Write(body); err != nil {
-		res.class, res.status = classClientCancel, statusClientClosed
+		res.class, res.status = writeFailed(err), statusClientClosed
 		return
 	}
 	buf := make([]byte, 64<<10)
@@ -338,7 +400,7 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 		if n > 0 {
 			wd.beat()
 			if _, err := ex.w.Write(buf[:n]); err != nil {
-				res.class, res.status = classClientCancel, statusClientClosed
+				res.class, res.status = writeFailed(err), statusClientClosed
 				return
 			}
 			ex.flush()
@@ -392,21 +454,65 @@ func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstre
 	}
 }
 
+// protocolError is the error of an answer whose body broke off or was malformed after its
+// headers (a short body, bad chunking, a reset).
+func protocolError(err error) *openai.Error {
+	return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamProtocol,
+		"the model server's answer broke off or was malformed: "+truncate(err.Error(), 200))
+}
+
+// unpromisedBody checks a successful non-streaming answer against what the client was
+// promised: never an encoding Sluice did not ask for (it asks for none), an event stream for
+// a streaming request, whole JSON for the JSON endpoints. nil when it is as promised.
+func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *openai.Error {
+	bad := func(why string) *openai.Error {
+		return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamMalformed, "the model server's answer was not in the promised shape: "+why)
+	}
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return bad("Content-Encoding " + truncate(ce, 40) + ", which was not asked for")
+	}
+	if req == nil || !req.Kind.HasModel() {
+		return nil // a passthrough answer is the server's business
+	}
+	if req.Stream {
+		return bad("a streaming request was answered with Content-Type " + strconv.Quote(truncate(resp.Header.Get("Content-Type"), 60)) + ", not an event stream")
+	}
+	if !json.Valid(body) {
+		return bad("the body is not whole JSON (" + strconv.Itoa(len(body)) + " bytes)")
+	}
+	return nil
+}
+
 // eventTooLarge is the error for an upstream SSE event over max_event_bytes.
 func eventTooLarge(err error) *openai.Error {
 	return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, err.Error())
 }
 
 // readBounded reads up to limit bytes, beating the watchdog on each read. complete is false
-// when the body is longer than limit (the first limit bytes are returned).
-func readBounded(r io.Reader, limit int, wd *watchdog, res *result) (body []byte, complete bool, err error) {
-	buf := make([]byte, 0, 4096)
+// when the body is longer than limit, or when hd refuses room to grow (what was read is
+// returned). A known length (size > 0) sizes the buffer at once.
+func readBounded(r io.Reader, limit int, size int64, hd *hold, wd *watchdog, res *result) (body []byte, complete bool, err error) {
+	initial := 4096
+	if size > 0 {
+		initial = int(min(size+1, int64(limit))) // +1: the read that sees EOF needs room
+	}
+	if !hd.grow(initial) {
+		initial = 0
+	}
+	buf := make([]byte, 0, initial)
 	for {
 		if len(buf) >= limit {
 			return buf, false, nil
 		}
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			// Double, within the bound and the room the buffers give.
+			next := min(max(2*cap(buf), 4096), limit)
+			if !hd.grow(next - cap(buf)) {
+				return buf, false, nil
+			}
+			nb := make([]byte, len(buf), next)
+			copy(nb, buf)
+			buf = nb
 		}
 		t0 := time.Now()
 		n, rerr := r.Read(buf[len(buf):min(cap(buf), limit)])

@@ -56,15 +56,19 @@ type Server struct {
 	state   atomic.Pointer[state]
 
 	reloadMu sync.Mutex
-	draining atomic.Bool
-	ready    atomic.Bool
-	started  atomic.Bool // Start ran
-	applied  atomic.Bool // a config was Applied (AwaitConfig)
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+	draining     atomic.Bool
+	ready        atomic.Bool
+	started      atomic.Bool // Start ran
+	applied      atomic.Bool // a config was Applied (AwaitConfig)
 
 	baseCtx    context.Context
 	cancelBase context.CancelCauseFunc
 
 	ln, adminLn   net.Listener
+	apiLn         atomic.Pointer[limitListener] // the API listener's connection bounds
 	http, admin   *http.Server
 	certs         *certReloader
 	wg            sync.WaitGroup
@@ -74,6 +78,7 @@ type Server struct {
 	signalsReg    metric.Registration
 	chaosReg      metric.Registration
 	shadowReg     metric.Registration
+	connReg       metric.Registration
 	waits         *waitCollector
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
@@ -90,6 +95,12 @@ type Server struct {
 
 	// homes remembers where stored Responses answers live; it lives across reloads.
 	homes *homes
+
+	// buffers bounds the non-streaming answers held at once (limits.max_buffered_total).
+	buffers answerBuffers
+
+	// served are the model names servers answered for (metric labels; see modelLabel).
+	served servedModels
 }
 
 // state is one immutable generation of the running config: the compiled routes and the live
@@ -100,7 +111,10 @@ type state struct {
 	routers   []*route.Router // by route index: splits, fallback chain, retries, cluster breakers
 	admitters map[string][]policy.Admitter
 	observers map[string][]policy.Observer
-	tenants   tenantResolver // nil when no tenants are configured
+	tenants   tenantResolver  // nil when no tenants are configured
+	trust     trust           // the trusted proxies
+	cors      cors            // the browser origins allowed
+	models    map[string]bool // the model names the config gives (see modelLabel)
 	policies  []*builtPolicy
 	batchers  []*batch.Batcher   // by route index; nil where the route does not batch
 	stop      context.CancelFunc // stops this generation's health checks
@@ -189,6 +203,9 @@ func New(opts Options) (*Server, error) {
 	if s.shadowReg, err = s.shadowMetrics(s.tel.Meter()); err != nil {
 		return nil, fmt.Errorf("shadow metrics: %w", err)
 	}
+	if s.connReg, err = s.connectionMetrics(s.tel.Meter()); err != nil {
+		return nil, fmt.Errorf("connection metrics: %w", err)
+	}
 	s.waits = newWaitCollector(s)
 	if err := s.tel.Registry().Register(s.waits); err != nil {
 		return nil, fmt.Errorf("concurrency wait metrics: %w", err)
@@ -200,6 +217,9 @@ func New(opts Options) (*Server, error) {
 // in-flight counts) over from the previous one.
 func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 	st := &state{
+		trust:     newTrust(c.TrustedProxies),
+		cors:      newCORS(c.CORS),
+		models:    knownModels(c),
 		snap:      config.NewSnapshot(c),
 		clusters:  map[string]*clusterState{},
 		admitters: map[string][]policy.Admitter{},
@@ -209,7 +229,7 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 	ctx, st.stop = context.WithCancel(s.baseCtx)
 	metrics := map[string]string{}
 	for _, cc := range c.Clusters {
-		opts := clusterOptions(cc, c.Timeouts, s.log)
+		opts := clusterOptions(cc, c.Timeouts.Timeouts, s.log)
 		if c.Remote {
 			opts.TLS.CAFile = "" // each replica's own file: not here to read
 		}
@@ -353,6 +373,9 @@ func (s *Server) Start() error {
 		ln.Close()
 		return fmt.Errorf("admin listen %s: %w", c.Admin.Listen, err)
 	}
+	lln := newLimitListener(ln, s.connectionBounds)
+	s.apiLn.Store(lln)
+	ln = lln
 	s.ln, s.adminLn = ln, aln
 
 	var protos http.Protocols
@@ -360,6 +383,7 @@ func (s *Server) Start() error {
 	s.http = &http.Server{
 		Handler:           &Handler{srv: s},
 		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    int(c.Limits.MaxHeaderBytes),
 		IdleTimeout:       120 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return s.baseCtx },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
@@ -422,6 +446,20 @@ func (s *Server) Start() error {
 	s.log.Info("sluice listening", "addr", s.Addr(), "admin", s.AdminAddr(), "tls", c.TLS.Enabled(),
 		"config", c.Source, "version", c.Version)
 	return nil
+}
+
+// connectionBounds are the API listener's bounds now: limits.max_connections (by default
+// three quarters of the open-file limit, the rest left to the admin listener, upstream
+// connections and files), limits.max_connections_per_client, and the trusted proxies, which
+// carry many clients and are not bound per client.
+func (s *Server) connectionBounds() (total, perClient int, trusted trust) {
+	st := s.state.Load()
+	lm := st.snap.Config.Limits
+	total = lm.MaxConnections
+	if total == 0 {
+		total = openFileLimit() * 3 / 4
+	}
+	return total, lm.MaxConnectionsPerClient, st.trust
 }
 
 // Addr is the gateway listener's bound address.
@@ -544,6 +582,9 @@ func restartProblems(c, oc *config.Config) error {
 	if c.TLS.Enabled() != oc.TLS.Enabled() {
 		p = append(p, "tls: turning TLS on or off needs a restart")
 	}
+	if c.Limits.MaxHeaderBytes != oc.Limits.MaxHeaderBytes {
+		p = append(p, "limits.max_header_bytes: changing it needs a restart")
+	}
 	if len(p) > 0 {
 		return &config.ValidationError{Problems: p}
 	}
@@ -622,6 +663,11 @@ func fileStamp(p string) stamp {
 // (the drain deadline), then cancels those left (streams end with an SSE error event) and
 // closes everything.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() { s.shutdownErr = s.shutdown(ctx) })
+	return s.shutdownErr
+}
+
+func (s *Server) shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	s.ready.Store(false)
 	if s.stopWatch != nil {
@@ -648,6 +694,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	_ = s.signalsReg.Unregister()
 	_ = s.chaosReg.Unregister()
 	_ = s.shadowReg.Unregister()
+	_ = s.connReg.Unregister()
 	s.tel.Registry().Unregister(s.waits)
 	_ = s.scraper.Close()
 	if s.devices != nil {
@@ -659,13 +706,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-// Run starts the server and serves until ctx is done, then drains for the config's
-// drain_timeout.
+// Run starts the server and serves until ctx is done, then drains (see Drain).
 func (s *Server) Run(ctx context.Context) error {
 	if err := s.Start(); err != nil {
 		return err
 	}
 	<-ctx.Done()
+	return s.Drain()
+}
+
+// Drain is what SIGTERM does: readiness goes off first while the listener still accepts for
+// drain_delay, so that load balancers stop sending before it closes (a connection in their
+// backlog would be reset); then the gateway shuts down, requests in flight running on for
+// drain_timeout.
+func (s *Server) Drain() error {
+	s.ready.Store(false)
+	if delay := s.Config().DrainDelay.D(); delay > 0 {
+		s.log.Info("not ready; accepting for the drain delay before draining", "delay", delay)
+		time.Sleep(delay)
+	}
 	d := s.Config().DrainTimeout.D()
 	s.log.Info("draining", "deadline", d)
 	dctx, cancel := context.WithTimeout(context.Background(), d)

@@ -300,7 +300,7 @@ func TestReadBounded(t *testing.T) {
 			wd := startWatchdog(0, time.Hour, cancel)
 			defer wd.stop()
 			var res result
-			body, complete, err := readBounded(tt.r, tt.limit, wd, &res)
+			body, complete, err := readBounded(tt.r, tt.limit, 0, nil, wd, &res)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
@@ -376,7 +376,7 @@ func TestCommitKeepsRequestID(t *testing.T) {
 			r.Header.Set("X-Request-Id", clientID)
 		}
 		w := httptest.NewRecorder()
-		ex := newExchange(w, r)
+		ex := newExchange(w, r, 0)
 		if clientID != "" && ex.id != clientID {
 			t.Fatalf("exchange id %q, want the client's %q", ex.id, clientID)
 		}

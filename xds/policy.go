@@ -142,14 +142,18 @@ type EndpointPolicy struct {
 // GlobalPolicy is the value of the ECDS TypedExtensionConfig named "sluice.policy": the
 // gateway-wide keys. Listen addresses and listener TLS are the replica's own (bootstrap).
 type GlobalPolicy struct {
-	MaxBodyBytes  config.ByteSize    `yaml:"max_body_bytes,omitempty"`
-	MaxEventBytes config.ByteSize    `yaml:"max_event_bytes,omitempty"`
-	DrainTimeout  config.Duration    `yaml:"drain_timeout,omitempty"`
-	Timeouts      config.Timeouts    `yaml:"timeouts,omitempty"`
-	LoadSignals   config.LoadSignals `yaml:"load_signals,omitempty"`
-	Chaos         fault.Config       `yaml:"chaos,omitempty"`
-	Tenants       []config.Tenant    `yaml:"tenants,omitempty"`
-	Shadow        config.Shadow      `yaml:"shadow,omitempty"`
+	MaxBodyBytes   config.ByteSize       `yaml:"max_body_bytes,omitempty"`
+	MaxEventBytes  config.ByteSize       `yaml:"max_event_bytes,omitempty"`
+	DrainTimeout   config.Duration       `yaml:"drain_timeout,omitempty"`
+	DrainDelay     config.Duration       `yaml:"drain_delay,omitempty"`
+	Timeouts       config.GlobalTimeouts `yaml:"timeouts,omitempty"`
+	TrustedProxies []string              `yaml:"trusted_proxies,omitempty"`
+	Limits         config.Limits         `yaml:"limits,omitempty"`
+	CORS           config.CORS           `yaml:"cors,omitempty"`
+	LoadSignals    config.LoadSignals    `yaml:"load_signals,omitempty"`
+	Chaos          fault.Config          `yaml:"chaos,omitempty"`
+	Tenants        []config.Tenant       `yaml:"tenants,omitempty"`
+	Shadow         config.Shadow         `yaml:"shadow,omitempty"`
 }
 
 // DecodeStruct decodes a google.protobuf.Struct into v strictly, with the YAML keys of the

@@ -96,7 +96,7 @@ func TestSplitBackMixedInputs(t *testing.T) {
 		`{"model":"sim-llama","input":["gamma","delta delta delta","epsilon"]}`,
 		`{"model":"sim-llama","input":["zeta zeta zeta zeta zeta zeta zeta zeta"]}`,
 		`{"model":"sim-llama","input":"eta"}`,
-		`{"model":"sim-llama","input":["theta","iota"],"model":"sim-llama"}`, // same fields, other order: same key
+		`{"input":["theta","iota"],"model":"sim-llama"}`, // same fields, other order: same key
 	}
 	b := newBatcher(t, slow(Params{MaxItems: 8}), nil)
 	var chans []<-chan answer
@@ -590,7 +590,7 @@ func TestNotMerged(t *testing.T) {
 func TestSingleCallerPassThrough(t *testing.T) {
 	ms := policy.Duration(time.Millisecond)
 	b := newBatcher(t, Params{MinWindow: ms, InitialWindow: ms, MaxWindow: ms}, nil)
-	const body = `{"model":"sim-llama","input": ["a"],  "model":"m"}`
+	const body = `{"model":"sim-llama","input": ["a"],  "dimensions":8}`
 	var got []byte
 	send := func(ctx context.Context, in []byte) (int, http.Header, []byte, error) {
 		got = in

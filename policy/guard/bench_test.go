@@ -11,9 +11,9 @@ import (
 // The Admit benchmarks run the estimator path: a full Admit and settle (breaker Allow and
 // done, surge p95 and baseline feed, in-flight and ticket bookkeeping) with the default
 // params plus max_prompt_tokens and a context window far from the prompt, and a warm surge
-// baseline of prompts of the same size (so the surge limit applies, 3× away). The prompt is a
-// chat of 4 messages of about n/4 tokens each. The AllSignals variants add repetition
-// (which extracts the text from the body and hashes up to 32 KB of it).
+// baseline of prompts of the same size (so the surge limit applies: 3× away, or the floor).
+// The prompt is a chat of 4 messages of about n/4 tokens each. The AllSignals variants add
+// repetition (which extracts the text from the body and hashes up to 32 KB of it).
 //
 //	go test -run '^$' -bench . -benchmem ./policy/guard/
 

@@ -174,3 +174,63 @@ func TestBreakerDisabled(t *testing.T) {
 		t.Fatalf("%d breakers with breakers disabled", n)
 	}
 }
+
+// TestBreakerAnonymous is the scenario and the modes of breaker.anonymous: client A
+// sends five too-deep prompts (the default breaker trips at 5 with half of them explosions),
+// then A and an unrelated client B each send a normal one. Behind a load balancer or a mesh
+// sidecar every client has the same peer address: keyed by it, A's breaker cut B off too.
+func TestBreakerAnonymous(t *testing.T) {
+	type who struct {
+		tenant, client string
+		known          bool
+	}
+	lbA, lbB := who{"", "10.0.0.1", false}, who{"", "10.0.0.1", false} // one peer address, ClientKnown false
+	knownA, knownB := who{"", "203.0.113.1", true}, who{"", "203.0.113.2", true}
+	directA, directB := who{"", "203.0.113.1", false}, who{"", "203.0.113.2", false}
+	tests := []struct {
+		name       string
+		mode       string
+		a, b       who
+		aCut, bCut bool // gets 503 tenant_breaker_open afterwards
+	}{
+		{"behind a load balancer: no breaker", "", lbA, lbB, false, false},
+		{"known clients: each its own", "", knownA, knownB, true, false},
+		{"auto: unknown clients get none", AnonymousAuto, directA, directB, false, false},
+		{"client: direct clients each their own", AnonymousClient, directA, directB, true, false},
+		{"client: behind a load balancer, the operator's choice", AnonymousClient, lbA, lbB, true, true},
+		{"off: known clients get none", AnonymousOff, knownA, knownB, false, false},
+		{"off: tenants keep theirs", AnonymousOff, who{"team-a", "10.0.0.1", false}, who{"team-b", "10.0.0.1", false}, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newGuard(t, Params{Breaker: BreakerParams{Anonymous: tt.mode}}, newClock())
+			send := func(w who, r *policy.Request) policy.Decision {
+				return admit(t, g, from(r, w.tenant, w.client, w.known))
+			}
+			for range 5 {
+				wantReject(t, send(tt.a, chat(t, "", 0, nested(65))), 400, CodePromptTooDeep)
+			}
+			for _, c := range []struct {
+				w   who
+				cut bool
+			}{{tt.b, tt.bCut}, {tt.a, tt.aCut}} {
+				d := send(c.w, chat(t, "", 0, "hello"))
+				if c.cut {
+					wantReject(t, d, 503, CodeBreakerOpen)
+					continue
+				}
+				if d.Reject != nil {
+					t.Fatalf("%+v: rejected %v", c.w, d.Reject)
+				}
+				d.Done(ok200)
+			}
+			// Without a breaker each bad request is still refused, on its own.
+			if !tt.aCut {
+				wantReject(t, send(tt.a, chat(t, "", 0, nested(65))), 400, CodePromptTooDeep)
+			}
+			if n := len(g.Snapshot().Breakers); (n > 0) != (tt.aCut || tt.bCut) {
+				t.Errorf("%d breakers", n)
+			}
+		})
+	}
+}

@@ -77,13 +77,13 @@ func TestDegradeLevel1(t *testing.T) {
 
 func TestDegradeLevel1SurgeFactor(t *testing.T) {
 	clk := newClock()
-	p := Params{SurgeMinRequests: 10, MaxDepth: 2,
+	p := Params{SurgeMinRequests: 10, SurgeFloorTokens: 1, MaxDepth: 2,
 		Breaker: BreakerParams{MinRequests: 1, OpenFor: policy.Duration(time.Hour)},
 		Degrade: DegradeParams{TripsPerMinute: 1, Level1SurgeFactor: 1.5}}
 	g := newGuard(t, p, clk)
 	feed(t, g, 10, 300, ok200)
-	p95, _ := g.baseline("chat").p95(clk.Now())
-	mid := chat(t, "x", 0, prose(750)) // about 2 × p95 (exact): under 3×, over 1.5×
+	p95, _ := baselineOf(g, "feeder", clk.Now())
+	mid := chat(t, "feeder", 0, prose(750)) // about 2 × p95 (exact): under 3×, over 1.5×
 	if e := exactOf(t, mid); e < 3*p95/2+10 || e > 3*p95-10 {
 		t.Fatalf("mid prompt %d tokens, p95 %d", e, p95)
 	}

@@ -7,12 +7,19 @@
 // fails (at the limit passes):
 //
 //	signal              param                     status code                     default
-//	structural depth    max_depth                 400    prompt_too_deep          5
+//	structural depth    max_depth                 400    prompt_too_deep          64
 //	messages            max_messages              400    too_many_messages        off
 //	prompt tokens       max_prompt_tokens         413    prompt_too_large         off
 //	tokens + max_tokens context_window(s)         400    context_length_exceeded  advertised, known models
-//	surge               surge_factor × p95        413    prompt_surge             3 × p95, after 100
+//	surge               surge_factor × p95        413    prompt_surge             3 × the sender's p95, after 100,
+//	                                                                              never at 32768 tokens or less
 //	repetition          max_repetition            400    prompt_repetitive        off
+//
+// Depth is openai.Request.Depth: JSON counts wherever it is in the content, in prose, in
+// code fences, in tool results and tool-call arguments, by its nesting (see
+// openai.ParseRequest for the rule). The default of 64 never refuses ordinary traffic (real
+// API responses pasted as tool results are 8 to 20 deep; code, markdown and logs a handful)
+// and refuses nesting built to blow up templates and parsers, which give up not far above it.
 //
 // The messages name the measured value and the limit, e.g. "prompt is 40213 tokens, the
 // route's limit is 32000"; a request over the model's context window gets vLLM's words ("This
@@ -29,10 +36,24 @@
 // decides every size signal. At most exact_concurrency exact counts run at once; when none is
 // free the estimate decides (see exact.go for why encoders are shared).
 //
-// Surge: the route's baseline is a sliding window (surge_window in surge_buckets buckets) of
-// fixed-size log-binned histograms of prompt tokens (surge.go). Only requests this guard
-// admitted (not rerouted) that ended in success feed it, so a burst of explosions cannot
-// raise its own baseline. The signal applies once the window holds surge_min_requests prompts.
+// Surge: a prompt is measured against the baseline of its sender on the route: its tenant's;
+// for an anonymous request, its client's when policy.Request.ClientKnown says the client
+// address names one client, else the one baseline all anonymous clients share (behind a load
+// balancer every client has the same address, which must not be mistaken for one client's).
+// A baseline is a sliding window (surge_window in surge_buckets buckets) of fixed-size
+// log-binned histograms of prompt tokens (surge.go). Only requests this guard admitted (not
+// rerouted) that ended in success feed it, so a burst of explosions cannot raise its own
+// baseline. The signal applies once the window holds surge_min_requests prompts, and never
+// to a prompt of surge_floor_tokens or fewer: a flood of tiny prompts (into a sender's own
+// baseline, or into the shared anonymous one, which anyone can feed) lowers the limit to the
+// floor at worst, above ordinary prompt sizes. A sender's first prompts create no baseline
+// until one succeeds, and at most surge_max_baselines are kept (the least recently used is
+// dropped), whatever clients send.
+//
+// Breakers: one per (route, tenant). An anonymous request gets one per client address when
+// the address names one client (breaker.anonymous "auto", the default: ClientKnown; "client":
+// always), else none: its bad requests are refused one by one, and nobody is cut off for
+// what another client behind the same address sent.
 //
 // Settling: every admitted request must be settled once, through Decision.Done or Observe,
 // whichever comes first (the other is then a no-op). Settling releases the in-flight count,
@@ -98,7 +119,7 @@ type Guard struct {
 	exactSem   chan struct{}
 
 	baseMu sync.RWMutex
-	bases  map[string]*baseline
+	bases  map[baseKey]*baseline
 
 	breakers *breakerSet
 	trips    atomic.Uint64
@@ -125,7 +146,7 @@ func New(p Params, env policy.Env) (*Guard, error) {
 	if env.Clock == nil {
 		env.Clock = policy.SystemClock{}
 	}
-	g := &Guard{p: p, clock: env.Clock, route: env.Route, bases: map[string]*baseline{}}
+	g := &Guard{p: p, clock: env.Clock, route: env.Route, bases: map[baseKey]*baseline{}}
 	g.on.promptTokens = p.MaxPromptTokens > 0 && !p.disabled(SignalPromptTokens)
 	g.on.contextWindow = !p.disabled(SignalContextWindow)
 	g.on.depth = p.MaxDepth > 0 && !p.disabled(SignalDepth)
@@ -149,9 +170,10 @@ func New(p Params, env policy.Env) (*Guard, error) {
 	return g, nil
 }
 
-// Default builds the guard a route gets without guard config: depth limit 5, surge over 3 ×
-// the rolling p95 once 100 prompts are in the window, the model's context window when known,
-// and the breakers with their defaults.
+// Default builds the guard a route gets without guard config: depth limit 64, surge over 3 ×
+// the sender's rolling p95 once 100 of its prompts are in the window and never at 32768
+// tokens or less, the model's context window when known, and the breakers with their
+// defaults (anonymous requests get one per client only when the client is known).
 func Default(env policy.Env) (*Guard, error) { return New(Params{}, env) }
 
 // Params returns the guard's params, defaults filled in.
@@ -248,20 +270,77 @@ func (g *Guard) Encoding(model string) string {
 	return defaultEncoding
 }
 
-func (g *Guard) baseline(route string) *baseline {
+// baseKey names a surge baseline: the route and the sender (see senderOf).
+type baseKey struct {
+	route string
+	sender
+}
+
+// sender is whose prompts a baseline holds: a tenant's, a known client's (by address), or,
+// both empty, every anonymous client's.
+type sender struct{ tenant, client string }
+
+// baseline returns the baseline of k, nil if there is none; with create, it makes one,
+// dropping the least recently used when the guard holds surge_max_baselines.
+func (g *Guard) baseline(k baseKey, now time.Time, create bool) *baseline {
 	g.baseMu.RLock()
-	b := g.bases[route]
+	b := g.bases[k]
 	g.baseMu.RUnlock()
-	if b != nil {
-		return b
+	if b == nil && create {
+		g.baseMu.Lock()
+		if b = g.bases[k]; b == nil {
+			if len(g.bases) >= g.p.SurgeMaxBaselines {
+				g.evictBaselineLocked()
+			}
+			b = newBaseline(g.p.SurgeWindow.D(), g.p.SurgeBuckets)
+			g.bases[k] = b
+		}
+		g.baseMu.Unlock()
 	}
-	g.baseMu.Lock()
-	defer g.baseMu.Unlock()
-	if b = g.bases[route]; b == nil {
-		b = newBaseline(g.p.SurgeWindow.D(), g.p.SurgeBuckets)
-		g.bases[route] = b
+	if b != nil {
+		b.lastUsed.Store(now.UnixNano())
 	}
 	return b
+}
+
+// evictBaselineLocked drops the least recently used baseline. It is O(baselines) and runs
+// only when the set is full, when a new sender's request has succeeded.
+func (g *Guard) evictBaselineLocked() {
+	var victim baseKey
+	oldest := int64(0)
+	first := true
+	for k, b := range g.bases {
+		if at := b.lastUsed.Load(); first || at < oldest {
+			victim, oldest, first = k, at, false
+		}
+	}
+	if !first {
+		delete(g.bases, victim)
+	}
+}
+
+// senderOf is whose baseline a request's prompt is measured against: the tenant's; for an
+// anonymous request, the client's when its address names one client (ClientKnown), else
+// the one every anonymous client shares.
+func senderOf(r *policy.Request) sender {
+	switch {
+	case r.Tenant != "":
+		return sender{tenant: r.Tenant}
+	case r.ClientKnown && r.Client != "":
+		return sender{client: r.Client}
+	}
+	return sender{}
+}
+
+// name names the sender's baseline in a rejection.
+func (s sender) name() string {
+	switch {
+	case s.tenant != "":
+		return "this tenant's"
+	case s.client != "":
+		return "this client's"
+	}
+	return "anonymous clients'"
 }
 
 func (g *Guard) routeOf(r *policy.Request) string {
@@ -294,8 +373,8 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 	level := g.level(now)
 
 	var done func(error)
-	if g.on.breaker {
-		br := g.breakers.get(route, breakerIdentity(r), now)
+	if id, ok := g.breakerIdentity(r); g.on.breaker && ok {
+		br := g.breakers.get(route, id, now)
 		d, err := br.cb.Allow()
 		if err != nil {
 			return g.reject(breakerError(br, err, g.p.Breaker.OpenFor.D())), nil
@@ -322,7 +401,8 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 	}
 	m := measurement{}
 	defer m.release()
-	rej, tokens := g.check(r, route, level, maxTokens, now, &m)
+	bk := baseKey{route, senderOf(r)}
+	rej, tokens := g.check(r, bk, level, maxTokens, now, &m)
 	reroute := ""
 	if rej != nil && level >= 1 && g.p.Degrade.LongContextCluster != "" &&
 		(rej.Code == CodePromptTooLarge || rej.Code == CodeSurge) {
@@ -343,7 +423,7 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 
 	g.admitted.Add(1)
 	g.inflight.Add(1)
-	t := &ticket{g: g, req: r, done: done, route: route, tokens: tokens, feed: reroute == ""}
+	t := &ticket{g: g, req: r, done: done, base: bk, tokens: tokens, feed: reroute == ""}
 	dec := policy.Decision{Done: t.settle, Reroute: reroute, CapMaxTokens: capTo}
 	if reroute != "" {
 		g.rerouted.Add(1)
@@ -355,13 +435,27 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 	return dec, nil
 }
 
-// breakerIdentity is whom a breaker isolates: the tenant, or for anonymous requests the
-// client's address, so that one anonymous sender of explosions does not cut off every other.
-func breakerIdentity(r *policy.Request) string {
-	if r.Tenant == "" && r.Client != "" {
-		return "client:" + r.Client
+// breakerIdentity is whom a request's breaker isolates, ok false when it gets none: the
+// tenant; for an anonymous request (breaker.anonymous), its client address when that names
+// one client ("auto": ClientKnown; "client": always), else nobody: a breaker keyed by an
+// address that many clients share (a load balancer's, a sidecar's) would let one of them
+// cut off all the others.
+func (g *Guard) breakerIdentity(r *policy.Request) (string, bool) {
+	if r.Tenant != "" {
+		return r.Tenant, true
 	}
-	return r.Tenant
+	if r.Client == "" {
+		return "", false
+	}
+	switch g.p.Breaker.Anonymous {
+	case AnonymousClient:
+		return "client:" + r.Client, true
+	case AnonymousAuto:
+		if r.ClientKnown {
+			return "client:" + r.Client, true
+		}
+	}
+	return "", false
 }
 
 func (g *Guard) reject(e *openai.Error) policy.Decision {
@@ -423,7 +517,7 @@ func invalid(status int, code, msg string) *openai.Error {
 
 // check runs the shape and size signals, then repetition. It returns the first failure (size
 // failures before repetition) and the prompt tokens it settled on (exact or estimate).
-func (g *Guard) check(r *policy.Request, route string, level, maxTokens int, now time.Time, m *measurement) (*openai.Error, int) {
+func (g *Guard) check(r *policy.Request, bk baseKey, level, maxTokens int, now time.Time, m *measurement) (*openai.Error, int) {
 	p := &g.p
 	tokens := r.PromptTokens
 	if g.on.depth && r.Depth > p.MaxDepth {
@@ -455,10 +549,11 @@ func (g *Guard) check(r *policy.Request, route string, level, maxTokens int, now
 		factor = min(factor, p.Degrade.Level1SurgeFactor)
 	}
 	if g.on.surge {
-		var n int
-		p95, n = g.baseline(route).p95(now)
-		if n >= p.SurgeMinRequests && p95 > 0 {
-			limSurge = int(factor * float64(p95))
+		if b := g.baseline(bk, now, false); b != nil {
+			var n int
+			if p95, n = b.p95(now); n >= p.SurgeMinRequests && p95 > 0 {
+				limSurge = max(int(factor*float64(p95)), p.SurgeFloorTokens)
+			}
 		}
 	}
 	if near(tokens, limPrompt, p.ExactMargin) || near(tokens, limWindow, p.ExactMargin) || near(tokens, limSurge, p.ExactMargin) {
@@ -482,7 +577,8 @@ func (g *Guard) check(r *policy.Request, route string, level, maxTokens int, now
 		return contextLengthError(r, window, tokens, maxTokens), tokens
 	case limSurge > 0 && tokens > limSurge:
 		return invalid(http.StatusRequestEntityTooLarge, CodeSurge,
-			fmt.Sprintf("prompt is %d tokens, the route's surge limit is %d (%g × the p95 of its recent prompts, %d tokens)", tokens, limSurge, factor, p95)), tokens
+			fmt.Sprintf("prompt is %d tokens, the surge limit is %d (%g × the p95 of %s recent prompts on the route, %d tokens, and never below %d)",
+				tokens, limSurge, factor, bk.name(), p95, p.SurgeFloorTokens)), tokens
 	}
 	return g.checkRepetition(r, m), tokens
 }
@@ -516,7 +612,7 @@ type ticket struct {
 	g       *Guard
 	req     *policy.Request
 	done    func(error)
-	route   string
+	base    baseKey // the baseline its prompt feeds
 	tokens  int
 	feed    bool
 	settled atomic.Bool
@@ -539,8 +635,8 @@ func (t *ticket) settle(o policy.Outcome) {
 		}
 	}
 	now := g.clock.Now()
-	if ok && t.feed {
-		g.baseline(t.route).add(t.tokens, now)
+	if ok && t.feed && g.on.surge {
+		g.baseline(t.base, now, true).add(t.tokens, now)
 	}
 	g.level(now)
 }

@@ -28,10 +28,12 @@ func TestShapeSignals(t *testing.T) {
 		code   string
 		msg    []string
 	}{
-		{"depth below", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(4)) }, 0, "", nil},
-		{"depth at", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(5)) }, 0, "", nil},
-		{"depth above", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(6)) },
-			400, CodePromptTooDeep, []string{"nested 6 levels deep", "limit is 5"}},
+		{"depth below", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(63)) }, 0, "", nil},
+		{"depth at", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(64)) }, 0, "", nil},
+		{"depth above", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(65)) },
+			400, CodePromptTooDeep, []string{"nested 65 levels deep", "limit is 64"}},
+		{"depth in prose", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, "Process this: "+nested(65)+" thanks") },
+			400, CodePromptTooDeep, []string{"nested 65 levels deep", "limit is 64"}},
 		{"depth custom limit", Params{MaxDepth: 2}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(3)) },
 			400, CodePromptTooDeep, []string{"nested 3 levels", "limit is 2"}},
 		{"depth disabled", Params{Disable: []string{SignalDepth}}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(30)) }, 0, "", nil},
@@ -264,32 +266,32 @@ func feed(t *testing.T, g *Guard, n, tokens int, o policy.Outcome) {
 func TestSurge(t *testing.T) {
 	clk := newClock()
 	p := Params{SurgeMinRequests: 20, SurgeWindow: policy.Duration(time.Minute), SurgeBuckets: 6,
-		Disable: []string{SignalBreaker}}
+		SurgeFloorTokens: 1, Disable: []string{SignalBreaker}}
 	g := newGuard(t, p, clk)
-	big := chat(t, "b", 0, prose(2000))
+	big := chat(t, "feeder", 0, prose(2000))
 
 	// Warm-up: 19 prompts in the window, the signal does not apply.
 	feed(t, g, 19, 100, ok200)
 	admitOK(t, g, big, policy.Outcome{Status: 500, ErrorClass: "upstream_5xx"})  // not fed: it failed
 	feed(t, g, 1, 100, policy.Outcome{Status: 499, ErrorClass: "client_cancel"}) // not fed
-	if _, n := g.baseline("chat").p95(clk.Now()); n != 19 {
+	if _, n := baselineOf(g, "feeder", clk.Now()); n != 19 {
 		t.Fatalf("baseline holds %d prompts, want 19 (only successes)", n)
 	}
 	// The 20th success ends the warm-up.
 	feed(t, g, 1, 100, ok200)
-	p95, _ := g.baseline("chat").p95(clk.Now())
-	small := chat(t, "b", 0, prose(100))
+	p95, _ := baselineOf(g, "feeder", clk.Now())
+	small := chat(t, "feeder", 0, prose(100))
 	if p95 < small.PromptTokens || p95 > small.PromptTokens*5/4 {
 		t.Fatalf("p95 = %d, want about %d", p95, small.PromptTokens)
 	}
 	d := admit(t, g, big)
 	limit := int(3 * float64(p95))
-	wantReject(t, d, 413, CodeSurge, fmt.Sprintf("prompt is %d tokens, the route's surge limit is %d (3 × the p95 of its recent prompts, %d tokens)", big.PromptTokens, limit, p95))
+	wantReject(t, d, 413, CodeSurge, fmt.Sprintf("prompt is %d tokens, the surge limit is %d (3 × the p95 of this tenant's recent prompts on the route, %d tokens, and never below 1)", big.PromptTokens, limit, p95))
 	// Rejections do not feed the baseline: a burst cannot raise its own limit.
 	for range 50 {
 		wantReject(t, admit(t, g, big), 413, CodeSurge)
 	}
-	if _, n := g.baseline("chat").p95(clk.Now()); n != 20 {
+	if _, n := baselineOf(g, "feeder", clk.Now()); n != 20 {
 		t.Fatalf("baseline holds %d prompts after rejections, want 20", n)
 	}
 	// At and just below the limit pass (exact count near the limit: pick sizes by it).
@@ -300,7 +302,7 @@ func TestSurge(t *testing.T) {
 	clk.Advance(30 * time.Second)
 	wantReject(t, admit(t, g, big), 413, CodeSurge)
 	clk.Advance(31 * time.Second)
-	if _, n := g.baseline("chat").p95(clk.Now()); n != 0 {
+	if _, n := baselineOf(g, "feeder", clk.Now()); n != 0 {
 		t.Fatalf("baseline holds %d prompts after the window, want 0", n)
 	}
 	admitOK(t, g, big, ok200)
@@ -308,16 +310,16 @@ func TestSurge(t *testing.T) {
 
 func TestSurgeAtLimit(t *testing.T) {
 	clk := newClock()
-	g := newGuard(t, Params{SurgeMinRequests: 10, Disable: []string{SignalBreaker}}, clk)
+	g := newGuard(t, Params{SurgeMinRequests: 10, SurgeFloorTokens: 1, Disable: []string{SignalBreaker}}, clk)
 	feed(t, g, 10, 300, ok200)
-	p95, _ := g.baseline("chat").p95(clk.Now())
+	p95, _ := baselineOf(g, "feeder", clk.Now())
 	limit := 3 * p95
 	// Prompts whose exact count is just below, at and just above the limit: each word of
 	// prose is one cl100k token, so a few corrections of the word count land on it.
 	sized := func(target int) *policy.Request {
 		k := target
 		for range 8 {
-			r := chat(t, "b", 0, prose(k))
+			r := chat(t, "feeder", 0, prose(k))
 			e := exactOf(t, r)
 			if e == target {
 				return r
@@ -475,7 +477,7 @@ func TestObserveSettlesOnce(t *testing.T) {
 	if s := g.Stats(); s.InFlight != 0 || s.Admitted != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if _, n := g.baseline("chat").p95(clk.Now()); n != 1 {
+	if _, n := baselineOf(g, "a", clk.Now()); n != 1 {
 		t.Fatalf("baseline fed %d times, want 1", n)
 	}
 	// A request the guard never admitted: a no-op.
@@ -497,9 +499,10 @@ func TestValidate(t *testing.T) {
 	bad := Params{
 		MaxPromptTokens: -1, ContextWindow: -2, ContextWindows: map[string]int{"": 5, "x": -1},
 		MaxDepth: -1, MaxMessages: -1, MaxRepetition: 1.5, RepetitionNgram: 100, RepetitionSampleBytes: 10,
-		SurgeFactor: 0.5, SurgeWindow: -1, SurgeBuckets: -1, SurgeMinRequests: -1, ExactMargin: 2, ExactConcurrency: -1,
+		SurgeFactor: 0.5, SurgeWindow: -1, SurgeBuckets: -1, SurgeMinRequests: -1, SurgeFloorTokens: -1, SurgeMaxBaselines: -1,
+		ExactMargin: 2, ExactConcurrency: -1,
 		Encodings: map[string]string{"gpt*": "nope"}, Disable: []string{"sizes"},
-		Breaker: BreakerParams{Window: -1, Buckets: 2, BucketPeriod: policy.Duration(time.Second), MinRequests: -1,
+		Breaker: BreakerParams{Anonymous: "sometimes", Window: -1, Buckets: 2, BucketPeriod: policy.Duration(time.Second), MinRequests: -1,
 			FailureRatio: 1.5, OpenFor: -1, HalfOpenProbes: -1, MaxBreakers: -1},
 		Degrade: DegradeParams{Level1MaxTokens: -1, Level1SurgeFactor: 0.5, CoolDown: -1},
 	}
@@ -509,7 +512,8 @@ func TestValidate(t *testing.T) {
 	}
 	for _, want := range []string{"max_prompt_tokens", "context_window must", `context_windows: empty`, `context_windows["x"]`,
 		"max_depth", "max_messages", "max_repetition", "repetition_ngram", "repetition_sample_bytes", "surge_factor",
-		"surge_window", "surge_buckets", "surge_min_requests", "exact_margin", "exact_concurrency", `encodings["gpt*"]`,
+		"surge_window", "surge_buckets", "surge_min_requests", "surge_floor_tokens", "surge_max_baselines", "exact_margin",
+		"exact_concurrency", `encodings["gpt*"]`, `breaker.anonymous: unknown mode "sometimes"`,
 		`disable: unknown signal "sizes"`, "breaker.window", "buckets or bucket_period", "breaker.min_requests",
 		"breaker.failure_ratio", "breaker.open_for", "breaker.half_open_probes", "breaker.max_breakers",
 		"degrade.level1_max_tokens", "degrade.level1_surge_factor", "degrade.cool_down", "degrade: set trips_per_minute"} {
@@ -543,10 +547,24 @@ func TestRegistry(t *testing.T) {
 		gp.Degrade.CoolDown.D() != 2*time.Minute || gp.Degrade.LongContextCluster != "long" {
 		t.Fatalf("params %+v", gp)
 	}
+	p, err = policy.Build(policy.Spec{Type: "guard", Params: map[string]any{
+		"surge_floor_tokens": 4096, "surge_max_baselines": 50, "breaker": map[string]any{"anonymous": "client"},
+	}}, policy.Env{Route: "chat"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gp := p.(*Guard).Params(); gp.SurgeFloorTokens != 4096 || gp.SurgeMaxBaselines != 50 || gp.Breaker.Anonymous != AnonymousClient || gp.MaxDepth != 64 {
+		t.Fatalf("params %+v", gp)
+	}
+	if d := Defaults(); d.MaxDepth != 64 || d.SurgeFloorTokens != 32768 || d.SurgeMaxBaselines != 1000 || d.Breaker.Anonymous != AnonymousAuto {
+		t.Fatalf("defaults %+v", d)
+	}
 	for _, params := range []map[string]any{
 		{"max_dpth": 3},
 		{"breaker": map[string]any{"open": "10s"}},
 		{"max_depth": "five"},
+		{"surge_floor": 100},
+		{"breaker": map[string]any{"anonymous": "sometimes"}},
 	} {
 		if _, err := policy.Build(policy.Spec{Type: "guard", Params: params}, policy.Env{}); err == nil {
 			t.Errorf("params %v accepted", params)

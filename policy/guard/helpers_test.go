@@ -92,6 +92,20 @@ func prose(n int) string {
 	return b.String()
 }
 
+// baselineOf returns the p95 and the size of a sender's surge baseline on the route "chat"
+// (0, 0 when it has none): the tenant's, "client:" + address for a known client's, "" for
+// the anonymous clients' shared one.
+func baselineOf(g *Guard, who string, now time.Time) (p95, n int) {
+	s := sender{tenant: who}
+	if c, ok := strings.CutPrefix(who, "client:"); ok {
+		s = sender{client: c}
+	}
+	if b := g.baseline(baseKey{"chat", s}, now, false); b != nil {
+		return b.p95(now)
+	}
+	return 0, 0
+}
+
 func exactOf(t testing.TB, r *policy.Request) int {
 	t.Helper()
 	tk, err := encoder("cl100k_base")

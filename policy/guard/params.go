@@ -22,8 +22,13 @@ type Params struct {
 	// longest matching glob wins; 0 means unknown: no check). They take precedence over
 	// ContextWindow and the built-in table.
 	ContextWindows map[string]int `json:"context_windows,omitempty"`
-	// MaxDepth is the limit on the structural depth of message content
-	// (openai.Request.Depth; default 5).
+	// MaxDepth is the limit on the structural depth of message content, JSON embedded in
+	// prose, code fences and tool results included (openai.Request.Depth; default 64).
+	// Ordinary traffic stays far below it: real API responses pasted as tool results
+	// (Kubernetes objects, OpenAPI documents, cloud APIs' answers) are 8 to 20 deep, code
+	// and prose a handful; what is deeper is built to be, and the JSON parsers behind model
+	// servers and tool frameworks give up not far above (serde_json at 128 levels, jiter,
+	// pydantic's, at 200); .NET's System.Text.Json stops at 64 by default too.
 	MaxDepth int `json:"max_depth,omitempty"`
 	// MaxMessages is the limit on the number of chat messages (0: off).
 	MaxMessages int `json:"max_messages,omitempty"`
@@ -35,15 +40,25 @@ type Params struct {
 	RepetitionMinWords int `json:"repetition_min_words,omitempty"`
 	// RepetitionSampleBytes bounds the bytes read to measure repetition (default 32768).
 	RepetitionSampleBytes int `json:"repetition_sample_bytes,omitempty"`
-	// SurgeFactor is K: a prompt over K × the route's rolling p95 is a surge (default 3).
+	// SurgeFactor is K: a prompt over K × the rolling p95 of its sender's recent prompts on
+	// the route is a surge (default 3), unless it is within SurgeFloorTokens.
 	SurgeFactor float64 `json:"surge_factor,omitempty"`
+	// SurgeFloorTokens: a prompt of at most this many tokens is never a surge, whatever the
+	// baseline (default 32768; 1 for no floor). It is what a flood of tiny prompts can lower
+	// a baseline's limit to at worst, and it is above ordinary prompts: chat turns of
+	// hundreds to a few thousand tokens, RAG prompts of 4k to 16k, agent turns of 10k to 30k.
+	SurgeFloorTokens int `json:"surge_floor_tokens,omitempty"`
 	// SurgeWindow is the length of the rolling window (default 5m).
 	SurgeWindow policy.Duration `json:"surge_window,omitempty"`
 	// SurgeBuckets is the number of buckets of the window (default 10).
 	SurgeBuckets int `json:"surge_buckets,omitempty"`
-	// SurgeMinRequests is the warm-up: the surge signal applies once the window holds this
-	// many prompts (default 100).
+	// SurgeMinRequests is the warm-up: the surge signal applies to a sender once its
+	// baseline holds this many prompts (default 100).
 	SurgeMinRequests int `json:"surge_min_requests,omitempty"`
+	// SurgeMaxBaselines bounds the baselines kept, one per (route, tenant or client), about
+	// 5.6 KiB each (default 1000); past it the least recently used one is dropped (its
+	// sender starts a new warm-up).
+	SurgeMaxBaselines int `json:"surge_max_baselines,omitempty"`
 	// ExactMargin m: when the estimate is between (1-m) × and 1/(1-m) × a size limit, the
 	// prompt is counted exactly with the model's tokenizer (default 0.35: 0.65× to 1.54×,
 	// which covers the estimate's measured error, 0.69× for digits to 1.31× for English prose
@@ -67,6 +82,14 @@ type Params struct {
 
 // BreakerParams configure the per-(route, tenant) breakers.
 type BreakerParams struct {
+	// Anonymous says which breaker a request without a tenant gets: "auto" (the default):
+	// one per client address when the gateway knows the address names one client
+	// (policy.Request.ClientKnown: trusted_proxies is configured), else none; "client": one
+	// per client address always, for clients known to connect directly (no load balancer,
+	// sidecar or NAT in front); "off": none. Without a breaker, each bad request is still
+	// refused on its own; a breaker shared by every client behind one address would let one
+	// of them cut off the rest.
+	Anonymous string `json:"anonymous,omitempty"`
 	// Window is the rolling window of the counts (default 60s).
 	Window policy.Duration `json:"window,omitempty"`
 	// Buckets splits the window (default 10); BucketPeriod, when set, is used instead.
@@ -122,6 +145,13 @@ const (
 	SignalBreaker       = "breaker"
 )
 
+// Breaker.Anonymous modes.
+const (
+	AnonymousAuto   = "auto"
+	AnonymousClient = "client"
+	AnonymousOff    = "off"
+)
+
 var signals = []string{SignalPromptTokens, SignalContextWindow, SignalDepth, SignalMessages,
 	SignalRepetition, SignalSurge, SignalBreaker}
 
@@ -130,17 +160,20 @@ func Defaults() Params { return Params{}.WithDefaults() }
 
 // WithDefaults returns p with its zero fields set to their defaults.
 func (p Params) WithDefaults() Params {
-	policy.Default(&p.MaxDepth, 5)
+	policy.Default(&p.MaxDepth, 64)
 	policy.Default(&p.RepetitionNgram, 8)
 	policy.Default(&p.RepetitionMinWords, 200)
 	policy.Default(&p.RepetitionSampleBytes, 32<<10)
 	policy.Default(&p.SurgeFactor, 3)
+	policy.Default(&p.SurgeFloorTokens, 32768)
+	policy.Default(&p.SurgeMaxBaselines, 1000)
 	policy.Default(&p.SurgeWindow, policy.Duration(5*time.Minute))
 	policy.Default(&p.SurgeBuckets, 10)
 	policy.Default(&p.SurgeMinRequests, 100)
 	policy.Default(&p.ExactMargin, 0.35)
 	policy.Default(&p.ExactConcurrency, 2)
 	b := &p.Breaker
+	policy.Default(&b.Anonymous, AnonymousAuto)
 	policy.Default(&b.Window, policy.Duration(time.Minute))
 	policy.Default(&b.Buckets, 10)
 	policy.Default(&b.MinRequests, 5)
@@ -187,6 +220,8 @@ func (p Params) Validate() error {
 	c.NonNegativeDuration("surge_window", p.SurgeWindow)
 	c.NonNegative("surge_buckets", p.SurgeBuckets)
 	c.NonNegative("surge_min_requests", p.SurgeMinRequests)
+	c.NonNegative("surge_floor_tokens", p.SurgeFloorTokens)
+	c.NonNegative("surge_max_baselines", p.SurgeMaxBaselines)
 	if q := p.WithDefaults(); q.SurgeWindow > 0 && q.SurgeBuckets > 0 && q.SurgeWindow.D()/time.Duration(q.SurgeBuckets) < time.Millisecond {
 		c.Add("surge_window / surge_buckets must be at least 1ms, got %s / %d", q.SurgeWindow.D(), q.SurgeBuckets)
 	}
@@ -208,6 +243,11 @@ func (p Params) Validate() error {
 		}
 	}
 	b := p.Breaker
+	switch b.Anonymous {
+	case "", AnonymousAuto, AnonymousClient, AnonymousOff:
+	default:
+		c.Add("breaker.anonymous: unknown mode %q (known: auto, client, off)", b.Anonymous)
+	}
 	c.NonNegativeDuration("breaker.window", b.Window)
 	c.NonNegative("breaker.buckets", b.Buckets)
 	c.NonNegativeDuration("breaker.bucket_period", b.BucketPeriod)

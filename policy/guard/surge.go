@@ -3,11 +3,12 @@ package guard
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// The surge baseline: the prompt sizes (tokens) of a route's recent admitted, successful
-// requests, in a sliding window of buckets. Each bucket is a small histogram with log-spaced
+// The surge baseline: the prompt sizes (tokens) of a sender's recent admitted, successful
+// requests on a route, in a sliding window of buckets. Each bucket is a small histogram with log-spaced
 // bins (8 exact bins for 0..7, then 4 bins an octave, each at most 25% wide), and the window
 // keeps their sum, so adding a sample and reading the p95 are O(bins) with fixed memory
 // whatever the traffic. The p95 is reported as the upper bound of its bin: it errs high, so
@@ -41,14 +42,15 @@ type histBucket struct {
 	bins  [numBins]uint32
 }
 
-// baseline is one route's sliding window.
+// baseline is one sender's sliding window on a route.
 type baseline struct {
-	mu     sync.Mutex
-	period time.Duration
-	head   int64 // the newest epoch seen
-	total  uint32
-	sum    [numBins]uint32
-	ring   []histBucket
+	lastUsed atomic.Int64 // env clock, UnixNano: for dropping the least recently used
+	mu       sync.Mutex
+	period   time.Duration
+	head     int64 // the newest epoch seen
+	total    uint32
+	sum      [numBins]uint32
+	ring     []histBucket
 }
 
 func newBaseline(window time.Duration, buckets int) *baseline {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/sluicegw/sluice/policy"
 )
@@ -41,6 +42,34 @@ func BenchmarkAdmit(b *testing.B) {
 			}
 		})
 	}
+	// Charges that used to cost one reservation per bucketful: now one bucket operation each.
+	b.Run("borrowed charge of 10000 buckets", func(b *testing.B) {
+		// burst 0.0001: a bucket of 1e8 tokens, a per-minute limit of 1e12, charges of 1e12.
+		// Done refunds all but one token, so the bucket is (nearly) full for the next one.
+		l := newLimiter(b, Params{RequestsPerMinute: 1e12, TokensPerMinute: 1e12, Burst: 0.0001, MaxWait: policy.Duration(time.Minute)}, policy.SystemClock{})
+		l.sleep = func(context.Context, time.Duration) error { return nil } // the wait for a full bucket
+		r := chat("tenant", "chat", 1e12-256, 256)
+		out := policy.Outcome{Status: 200, InputTokens: 1}
+		b.ReportAllocs()
+		for b.Loop() {
+			d, _ := l.Admit(context.Background(), r)
+			if d.Reject != nil {
+				b.Fatal(d.Reject)
+			}
+			d.Done(out)
+		}
+	})
+	b.Run("too large (refused)", func(b *testing.B) {
+		l := newLimiter(b, Params{RequestsPerMinute: 1e12, TokensPerMinute: 30000}, policy.SystemClock{})
+		r := chat("tenant", "chat", 10, 4096)
+		r.N = 200000000
+		b.ReportAllocs()
+		for b.Loop() {
+			if d, _ := l.Admit(context.Background(), r); d.Reject == nil {
+				b.Fatal("admitted")
+			}
+		}
+	})
 	b.Run("parallel", func(b *testing.B) {
 		l := newLimiter(b, Params{RequestsPerMinute: 1e12, TokensPerMinute: 1e15}, policy.SystemClock{})
 		out := policy.Outcome{Status: 200, InputTokens: 1000, OutputTokens: 100}

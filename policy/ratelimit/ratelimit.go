@@ -1,5 +1,5 @@
 // Package ratelimit is Sluice's token-aware rate limit policy: requests per minute and tokens
-// per minute, per tenant, route or globally, on golang.org/x/time/rate token buckets, plus an
+// per minute, per tenant, route or globally, on token buckets that may go into debt, plus an
 // optional Envoy-compatible global rate limit service shared by all replicas.
 //
 // # Tenants
@@ -17,21 +17,31 @@
 // limits behave with the default burst of 1).
 //
 // A request is charged up front: one request, and prompt estimate + min(max_tokens or
-// default_max_tokens, max_tokens_cap) × n tokens (embeddings: the prompt only). Charges go
-// through rate.Limiter.ReserveN at the policy clock's now. A charge larger than the token
-// bucket is split into bucket-sized reservations made back to back: the first must fit now
-// and the rest are borrowed from the future (the bucket goes into debt that later requests
-// wait out), so the request's wait is that of its first chunk: it is admitted as soon as the
-// bucket is full, never refused forever, and the long-run rate still holds.
+// default_max_tokens, max_tokens_cap) × n tokens (Responses API: max_output_tokens;
+// embeddings: the prompt only). The charge saturates at math.MaxInt instead of overflowing.
+// Charging is one O(1) bucket operation at the policy clock's now, whatever the charge: the
+// bucket's level may go negative. A charge larger than the token bucket (burst < 1) waits
+// until the bucket is full, takes it, and borrows the rest from the future (the bucket goes
+// into debt that later requests wait out), so it is never refused forever and the long-run
+// rate still holds.
 //
-// When a reservation would have to wait, Admit cancels what it reserved (in reverse order,
-// while the reservations are still in the future, so the tokens come back) and rejects with
-// 429 and Retry-After = the longest wait, or, with `max_wait`, waits up to that long while
-// the request's context allows. When the response ends, Decision.Done reconciles the charge
-// with the real usage (Outcome.InputTokens + OutputTokens, streaming included): the
-// difference is refunded or charged. A request that ends with no token counts keeps only
-// its prompt charge. Refunds are reservations of a negative count: rate.Limiter adds them
-// to the bucket, which never holds more than its capacity.
+// A request larger than one request may ever be, above both tokens_per_minute and the
+// bucket's capacity (burst × tokens_per_minute), is refused at once, before any bucket is
+// charged, so it puts no one into debt: 429, type "tokens", code "rate_limit_exceeded", as
+// OpenAI answers a request larger than its TPM limit: "Request too large for MODEL on tokens
+// per min (TPM) for tenant T: Limit 30000, Requested 50000. The input or output tokens must
+// be reduced in order to run successfully." ("Limit 30000 (bucket 60000)" with burst 2).
+// It has no Retry-After, since waiting never helps, and carries `x-should-retry: false` so
+// that the OpenAI SDKs do not retry it; Stats counts it under ReasonTooLarge.
+//
+// When a charge would have to wait, Admit gives back what it took and rejects with 429 and
+// Retry-After = the longest wait, or, with `max_wait`, waits up to that long while the
+// request's context allows. When the response ends, Decision.Done reconciles the charge
+// with the real usage (Outcome.InputTokens + OutputTokens, saturating, streaming included):
+// the difference is refunded or charged, into debt if need be. A request that ends with no
+// token counts keeps only its prompt charge. Whatever is given back (a cancelled charge, a
+// refund, a global rejection) is added back to the bucket, which never holds more than its
+// capacity.
 //
 // Every response, admitted or not, carries OpenAI's headers (Decision.Header):
 // x-ratelimit-{limit,remaining,reset}-{requests,tokens}, resets formatted as Go durations
@@ -50,8 +60,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/time/rate"
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -74,10 +82,11 @@ const (
 	ReasonGlobal   = "global"          // the global service said OVER_LIMIT
 	ReasonAuth     = "unauthenticated" // require_auth and no known tenant
 	ReasonCanceled = "canceled"        // the request's context ended while waiting (max_wait)
+	ReasonTooLarge = "too_large"       // one request's token charge above what any one may take
 )
 
 // reasons indexes Limiter.rejected.
-var reasons = [...]string{ReasonRequests, ReasonTokens, ReasonGlobal, ReasonAuth, ReasonCanceled}
+var reasons = [...]string{ReasonRequests, ReasonTokens, ReasonGlobal, ReasonAuth, ReasonCanceled, ReasonTooLarge}
 
 const (
 	rejRequests = iota
@@ -85,6 +94,7 @@ const (
 	rejGlobal
 	rejAuth
 	rejCanceled
+	rejTooLarge
 )
 
 // Response headers, as OpenAI sends them (canonical form for http.Header).
@@ -95,6 +105,10 @@ const (
 	HeaderLimitTokens       = "X-Ratelimit-Limit-Tokens"
 	HeaderRemainingTokens   = "X-Ratelimit-Remaining-Tokens"
 	HeaderResetTokens       = "X-Ratelimit-Reset-Tokens"
+
+	// HeaderShouldRetry is the OpenAI SDKs' retry hint: "false" on a request too large to
+	// ever be admitted, which they would otherwise retry as any 429.
+	HeaderShouldRetry = "X-Should-Retry"
 )
 
 // Limiter is the rate limit policy: a policy.Admitter. It is safe for concurrent use.
@@ -119,14 +133,15 @@ type Limiter struct {
 	extra          atomic.Uint64
 }
 
-// bucket is the request and token buckets of one key; a nil limiter is no limit.
+// bucket is the request and token buckets of one key; a nil bucket is no limit.
 type bucket struct {
-	key      string
-	req, tok *rate.Limiter
-	rpm, tpm float64
-	rpmS     string // header values of the limits
-	tpmS     string
-	lastUsed atomic.Int64 // policy clock, UnixNano
+	key       string
+	req, tok  *tokenBucket
+	rpm, tpm  float64
+	maxCharge float64 // the largest token charge one request may make: max(tpm, tok's capacity)
+	rpmS      string  // header values of the limits
+	tpmS      string
+	lastUsed  atomic.Int64 // policy clock, UnixNano
 }
 
 // New builds a Limiter. keyring may be nil: Admit then trusts policy.Request.Tenant only
@@ -188,33 +203,26 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 	now := l.clock.Now()
 	b := l.bucketFor(l.keyOf(r, tenant), now)
 	prompt, charge := l.charge(r)
+	if b.tok != nil && float64(charge) > b.maxCharge {
+		// No bucket of this key can ever hold it: refuse it before charging anything, so it
+		// puts no one into debt, and tell the client not to retry.
+		l.rejected[rejTooLarge].Add(1)
+		h := l.headers(b, now)
+		h[HeaderShouldRetry] = []string{"false"}
+		return policy.Decision{Reject: l.tooLargeError(b, tenant, r.Model, charge), Header: h}, nil
+	}
 
-	// Reserve one request and the token charge.
-	var rr, first *rate.Reservation
-	var debt []*rate.Reservation
+	// Charge one request and the tokens: each one O(1) bucket operation.
 	var reqDelay, tokDelay time.Duration
 	if b.req != nil {
-		rr = b.req.ReserveN(now, 1)
-		reqDelay = rr.DelayFrom(now)
+		reqDelay = b.req.take(now, 1)
 	}
 	if b.tok != nil && charge > 0 {
-		first, debt = reserveSplit(b.tok, now, charge)
-		tokDelay = first.DelayFrom(now)
-	}
-	cancel := func(at time.Time) {
-		for i := len(debt) - 1; i >= 0; i-- {
-			debt[i].CancelAt(at)
-		}
-		if first != nil {
-			first.CancelAt(at)
-		}
-		if rr != nil {
-			rr.CancelAt(at)
-		}
+		tokDelay = b.tok.take(now, float64(charge))
 	}
 	if delay := max(reqDelay, tokDelay); delay > 0 {
 		if !l.mayWait(ctx, delay) {
-			cancel(now)
+			l.giveBack(b, charge, now)
 			reason := rejRequests
 			if tokDelay > reqDelay {
 				reason = rejTokens
@@ -223,7 +231,7 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 			return policy.Decision{Reject: l.limitError(b, tenant, reason, charge, delay), Header: l.headers(b, now)}, nil
 		}
 		if err := l.sleep(ctx, delay); err != nil {
-			cancel(l.clock.Now())
+			l.giveBack(b, charge, l.clock.Now())
 			l.rejected[rejCanceled].Add(1)
 			return policy.Decision{Header: l.headers(b, l.clock.Now())}, err
 		}
@@ -242,7 +250,7 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 		l.globalCalls.Add(1)
 		over, retry, err := l.global.check(ctx, tenant, l.routeOf(r), model, hits)
 		if err != nil && ctx.Err() != nil { // the client went away: not the service's fault
-			l.refund(b, rr != nil, charge, now)
+			l.giveBack(b, charge, now)
 			l.rejected[rejCanceled].Add(1)
 			return policy.Decision{Header: l.headers(b, now)}, ctx.Err()
 		}
@@ -254,9 +262,8 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 			}
 		case over:
 			l.global.ok(l.log)
-			// Give back what was taken locally: the reservations may be due already, so
-			// refund rather than cancel.
-			l.refund(b, rr != nil, charge, now)
+			// Give back what was taken locally.
+			l.giveBack(b, charge, now)
 			l.rejected[rejGlobal].Add(1)
 			e := openai.NewError(http.StatusTooManyRequests, l.globalType(), "rate_limit_exceeded",
 				"Rate limit reached (global limit"+tenantPart(tenant)+"). Please try again in "+formatReset(retry)+".")
@@ -276,37 +283,14 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 	return d, nil
 }
 
-// refund gives back an admitted request's charges (they may be due already, so Cancel would
-// not restore them). A negative reservation adds tokens, up to the bucket's capacity.
-func (l *Limiter) refund(b *bucket, request bool, tokens int, now time.Time) {
-	if request && b.req != nil {
-		b.req.ReserveN(now, -1)
+// giveBack returns a request's charges to its buckets (a rejection after charging, a wait
+// cut short, a global rejection), never above their capacity.
+func (l *Limiter) giveBack(b *bucket, tokens int, now time.Time) {
+	if b.req != nil {
+		b.req.give(now, 1)
 	}
 	if tokens > 0 && b.tok != nil {
-		b.tok.ReserveN(now, -tokens)
-	}
-}
-
-// reserveSplit reserves n tokens in chunks of at most the burst. first is the first chunk;
-// debt holds the others (nil when n fits the burst).
-func reserveSplit(lim *rate.Limiter, now time.Time, n int) (first *rate.Reservation, debt []*rate.Reservation) {
-	burst := lim.Burst()
-	c := min(n, burst)
-	first = lim.ReserveN(now, c)
-	for n -= c; n > 0; n -= c {
-		c = min(n, burst)
-		debt = append(debt, lim.ReserveN(now, c))
-	}
-	return first, debt
-}
-
-// take charges n more tokens without waiting (reconciliation): into debt if need be.
-func take(lim *rate.Limiter, now time.Time, n int) {
-	burst := lim.Burst()
-	for n > 0 {
-		c := min(n, burst)
-		lim.ReserveN(now, c)
-		n -= c
+		b.tok.give(now, float64(tokens))
 	}
 }
 
@@ -331,25 +315,26 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// charge returns the prompt estimate and the whole up-front token charge.
+// charge returns the prompt estimate and the whole up-front token charge, saturating at
+// math.MaxInt whatever the prompt, max_tokens, n or params.
 func (l *Limiter) charge(r *policy.Request) (prompt, total int) {
 	if r.Request == nil {
 		return 0, 0
 	}
 	prompt = max(r.PromptTokens, 0)
 	switch r.Kind {
-	case openai.KindChat, openai.KindCompletion:
+	case openai.KindChat, openai.KindCompletion, openai.KindResponses: // Responses: max_output_tokens, n = 1
 	default:
 		return prompt, prompt
 	}
 	out := r.MaxTokens
 	if out <= 0 {
-		out = l.p.DefaultMaxTokens
+		out = max(l.p.DefaultMaxTokens, 0)
 	}
 	if l.p.MaxTokensCap > 0 {
 		out = min(out, l.p.MaxTokensCap)
 	}
-	return prompt, prompt + out*max(r.N, 1)
+	return prompt, satAdd(prompt, satMul(out, max(r.N, 1)))
 }
 
 func (l *Limiter) routeOf(r *policy.Request) string {
@@ -409,8 +394,8 @@ func (l *Limiter) evict(now time.Time) {
 	}
 }
 
-func full(lim *rate.Limiter, now time.Time) bool {
-	return lim == nil || lim.TokensAt(now) >= float64(lim.Burst())
+func full(tb *tokenBucket, now time.Time) bool {
+	return tb == nil || tb.full(now)
 }
 
 func (l *Limiter) newBucket(key string) *bucket {
@@ -425,12 +410,13 @@ func (l *Limiter) newBucket(key string) *bucket {
 	}
 	b := &bucket{key: key, rpm: rpm, tpm: tpm}
 	if rpm > 0 {
-		b.req = rate.NewLimiter(rate.Limit(rpm/60), capacity(rpm, l.p.Burst))
+		b.req = newTokenBucket(rpm, capacity(rpm, l.p.Burst))
 		b.rpmS = formatCount(rpm)
 	}
 	if tpm > 0 {
-		b.tok = rate.NewLimiter(rate.Limit(tpm/60), capacity(tpm, l.p.Burst))
+		b.tok = newTokenBucket(tpm, capacity(tpm, l.p.Burst))
 		b.tpmS = formatCount(tpm)
+		b.maxCharge = max(tpm, b.tok.capacity)
 	}
 	return b
 }
@@ -470,14 +456,11 @@ func (l *Limiter) headers(b *bucket, now time.Time) http.Header {
 	return h
 }
 
-// state returns a bucket's tokens at now (negative in debt) and the time until it is full.
-func state(lim *rate.Limiter, now time.Time) (tokens float64, reset time.Duration) {
-	t := lim.TokensAt(now)
-	tokens = math.Floor(t)
-	if missing := float64(lim.Burst()) - t; missing > 0 {
-		reset = time.Duration(missing / float64(lim.Limit()) * float64(time.Second))
-	}
-	return tokens, reset
+// state returns a bucket's whole tokens at now (negative in debt) and the time until it is
+// full.
+func state(tb *tokenBucket, now time.Time) (tokens float64, reset time.Duration) {
+	t, reset := tb.state(now)
+	return math.Floor(t), reset
 }
 
 // formatReset formats a duration as OpenAI's reset headers do: a Go duration string rounded
@@ -521,6 +504,21 @@ func (l *Limiter) limitError(b *bucket, tenant string, reason, charge int, delay
 	return e
 }
 
+// tooLargeError is OpenAI's 429 for a request larger than the TPM limit: it can never be
+// admitted, so it has no Retry-After.
+func (l *Limiter) tooLargeError(b *bucket, tenant, model string, charge int) *openai.Error {
+	limit := b.tpmS
+	if b.maxCharge > b.tpm {
+		limit += " (bucket " + formatCount(b.maxCharge) + ")"
+	}
+	if model != "" {
+		model = " for " + model
+	}
+	return openai.NewError(http.StatusTooManyRequests, "tokens", "rate_limit_exceeded",
+		fmt.Sprintf("Request too large%s on tokens per min (TPM)%s: Limit %s, Requested %d. The input or output tokens must be reduced in order to run successfully.",
+			model, tenantPart(tenant), limit, charge))
+}
+
 // authError is OpenAI's 401 invalid_api_key; it never quotes the key.
 func authError(h http.Header) *openai.Error {
 	msg := "Incorrect API key provided."
@@ -539,21 +537,29 @@ type settlement struct {
 	once    atomic.Bool
 }
 
+// maxSettledBuckets bounds what one answer's reported usage can charge beyond its up-front
+// charge, in buckets (with the default burst, minutes of the key's budget).
+const maxSettledBuckets = 4
+
 func (s *settlement) done(o policy.Outcome) {
 	if !s.once.CompareAndSwap(false, true) {
 		return
 	}
-	used := max(o.InputTokens, 0) + max(o.OutputTokens, 0)
+	used := satAdd(max(o.InputTokens, 0), max(o.OutputTokens, 0))
 	if used == 0 {
 		used = s.prompt // nothing counted (e.g. failed before any token): refund the output part
 	}
 	now := s.l.clock.Now()
 	switch diff := used - s.charged; {
 	case diff < 0:
-		s.b.tok.ReserveN(now, diff) // a negative reservation gives tokens back
+		s.b.tok.give(now, float64(-diff))
 		s.l.refunded.Add(uint64(-diff))
 	case diff > 0:
-		take(s.b.tok, now, diff)
+		// Into debt if need be: it was used. But at most maxSettledBuckets buckets' worth: a
+		// usage report beyond that is a broken or lying server, and must not put the key
+		// (with per: route or global, everyone) into debt for ever.
+		diff = min(diff, int(maxSettledBuckets*s.b.tok.capacity))
+		s.b.tok.take(now, float64(diff))
 		s.l.extra.Add(uint64(diff))
 	}
 }
@@ -624,7 +630,7 @@ func (l *Limiter) Snapshot() []KeyState {
 	return out
 }
 
-func bucketState(lim *rate.Limiter, perMinute float64, now time.Time) *BucketState {
-	tokens, reset := state(lim, now)
-	return &BucketState{LimitPerMinute: perMinute, Capacity: lim.Burst(), Remaining: tokens, Reset: formatReset(reset)}
+func bucketState(tb *tokenBucket, perMinute float64, now time.Time) *BucketState {
+	tokens, reset := state(tb, now)
+	return &BucketState{LimitPerMinute: perMinute, Capacity: int(tb.capacity), Remaining: tokens, Reset: formatReset(reset)}
 }

@@ -243,45 +243,48 @@ func TestRetryAfter(t *testing.T) {
 	}
 }
 
-func TestLargerThanBurstIsSplit(t *testing.T) {
+// TestLargerThanBucketBorrows: with burst < 1, a charge above the bucket (but within the
+// per-minute limit) waits for a full bucket, takes it and borrows the rest: one O(1) charge
+// that puts the bucket into debt, which later requests wait out.
+func TestLargerThanBucketBorrows(t *testing.T) {
 	clock := newClock()
-	// 600 TPM = 10 tokens/s; a bucket of 600 (burst 1); requests of 1500 tokens.
-	l := newLimiter(t, Params{TokensPerMinute: 600}, clock)
+	// 6000 TPM = 100 tokens/s; burst 0.1: a bucket of 600; requests of 1500 tokens.
+	l := newLimiter(t, Params{TokensPerMinute: 6000, Burst: 0.1}, clock)
 	d := admit(t, l, chat("a", "chat", 1000, 500))
 	if d.Reject != nil {
 		t.Fatalf("a request larger than the bucket is refused when the bucket is full: %v", d.Reject)
 	}
-	// 600 now, 900 borrowed: the bucket is at -900 and full again in (600+900)/10 s.
+	// 600 now, 900 borrowed: the bucket is at -900 and full again in (600+900)/100 s.
 	if got := tokens(t, l, "a"); got != -900 {
 		t.Errorf("tokens = %v, want -900", got)
 	}
 	if got := d.Header.Get(HeaderRemainingTokens); got != "0" {
 		t.Errorf("remaining = %q, want 0 (clamped)", got)
 	}
-	if got := d.Header.Get(HeaderResetTokens); got != "2m30s" {
-		t.Errorf("reset = %q, want 2m30s", got)
+	if got := d.Header.Get(HeaderResetTokens); got != "15s" {
+		t.Errorf("reset = %q, want 15s", got)
 	}
-	// A small request now waits out the debt: 10 tokens need 91 s.
-	d2 := admit(t, l, chat("a", "chat", 5, 5))
-	if d2.Reject == nil || d2.Reject.RetryAfter != 91*time.Second {
+	// A small request now waits out the debt: 100 tokens need 10 s.
+	d2 := admit(t, l, chat("a", "chat", 50, 50))
+	if d2.Reject == nil || d2.Reject.RetryAfter != 10*time.Second || d2.Reject.Type != "tokens" {
 		t.Fatalf("small request after the debt: %+v", d2.Reject)
 	}
-	// Another large one waits for a full bucket (150 s), then is admitted.
-	clock.Advance(100 * time.Second)
+	// Another large one waits for a full bucket (15 s), then is admitted.
+	clock.Advance(10 * time.Second)
 	d3 := admit(t, l, chat("a", "chat", 1000, 500))
-	if d3.Reject == nil || d3.Reject.RetryAfter != 50*time.Second {
+	if d3.Reject == nil || d3.Reject.RetryAfter != 5*time.Second {
 		t.Fatalf("large request before the bucket is full: %+v", d3.Reject)
 	}
 	if got := tokens(t, l, "a"); got != 100 {
-		t.Errorf("after a rejected split charge, tokens = %v, want 100 (all reservations cancelled)", got)
+		t.Errorf("after a rejected large charge, tokens = %v, want 100 (all given back)", got)
 	}
 	clock.Advance(d3.Reject.RetryAfter)
 	if d := admit(t, l, chat("a", "chat", 1000, 500)); d.Reject != nil {
 		t.Fatalf("large request with a full bucket: %v", d.Reject)
 	}
 	// Over a long run the rate still holds: each 1500-token request waits for a full bucket,
-	// so one goes every 150 s (1500 tokens at 10/s): at 0, 150, 300 and 450 s of 10 minutes.
-	clock.Advance(150 * time.Second)
+	// so one goes every 15 s (1500 tokens at 100/s): 40 in 10 minutes.
+	clock.Advance(15 * time.Second)
 	var admitted int
 	for i := 0; i < 60000; i++ {
 		if d := admit(t, l, chat("a", "chat", 1000, 500)); d.Reject == nil {
@@ -289,8 +292,32 @@ func TestLargerThanBurstIsSplit(t *testing.T) {
 		}
 		clock.Advance(10 * time.Millisecond)
 	}
-	if admitted != 6000 {
-		t.Errorf("admitted %d tokens in 10 min at 600 TPM, want 6000", admitted)
+	if admitted != 60000 {
+		t.Errorf("admitted %d tokens in 10 min at 6000 TPM, want 60000", admitted)
+	}
+
+	// Settlement of a borrowed charge: refunds and extra charges reconcile against the debt.
+	for _, tc := range []struct {
+		name      string
+		used      int
+		wantLevel float64
+	}{
+		{"usage lower: refunded into the debt", 1100, 600 - 1100},
+		{"usage higher: more debt", 2000, 600 - 2000},
+		{"nothing counted: the prompt only", 0, 600 - 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newClock()
+			l := newLimiter(t, Params{TokensPerMinute: 6000, Burst: 0.1}, clock)
+			d := admit(t, l, chat("a", "chat", 1000, 500))
+			if d.Reject != nil {
+				t.Fatal(d.Reject)
+			}
+			d.Done(policy.Outcome{Status: 200, InputTokens: min(tc.used, 1000), OutputTokens: max(tc.used-1000, 0)})
+			if got := tokens(t, l, "a"); got != tc.wantLevel {
+				t.Errorf("tokens = %v, want %v", got, tc.wantLevel)
+			}
+		})
 	}
 }
 

@@ -9,20 +9,22 @@ import (
 // The gateway's error classes (proxy/errors.go) that this package maps, repeated here because
 // the proxy's constants are unexported. Keep the two lists in step.
 const (
-	ClassClientCancel  = "client_cancel"
-	ClassTTFTTimeout   = "ttft_timeout"
-	ClassIdleTimeout   = "idle_timeout"
-	ClassTimeout       = "timeout"
-	ClassConnect       = "connect"
-	ClassNoEndpoint    = "no_endpoint"
-	ClassUpstream5xx   = "upstream_5xx"
-	ClassUpstream429   = "upstream_429"
-	ClassUpstream4xx   = "upstream_4xx"
-	ClassStreamCut     = "stream_cut"
-	ClassStreamError   = "stream_error"
-	ClassEmptyResponse = "upstream_empty"
-	ClassShutdown      = "shutdown"
-	ClassUpstreamError = "upstream_error"
+	ClassClientCancel      = "client_cancel"
+	ClassTTFTTimeout       = "ttft_timeout"
+	ClassIdleTimeout       = "idle_timeout"
+	ClassTimeout           = "timeout"
+	ClassConnect           = "connect"
+	ClassNoEndpoint        = "no_endpoint"
+	ClassUpstream5xx       = "upstream_5xx"
+	ClassUpstream429       = "upstream_429"
+	ClassUpstream4xx       = "upstream_4xx"
+	ClassStreamCut         = "stream_cut"
+	ClassStreamError       = "stream_error"
+	ClassEmptyResponse     = "upstream_empty"
+	ClassShutdown          = "shutdown"
+	ClassUpstreamError     = "upstream_error"
+	ClassUpstreamProtocol  = "upstream_protocol"
+	ClassUpstreamMalformed = "upstream_malformed"
 )
 
 // Moves reports whether the failure condition cond moves a request past candidate c to the
@@ -61,7 +63,9 @@ func ConditionOf(class string, status int, errCode string, contracts []Contract)
 		return policy.CondTTFTTimeout
 	case ClassNoEndpoint:
 		return policy.CondNoEndpoint
-	case ClassUpstream5xx:
+	case ClassUpstream5xx, ClassUpstreamProtocol, ClassUpstreamMalformed:
+		// A server that answered badly is treated as one that answered 5xx: it was reached
+		// and may have done the work, so it is not retried at once as a connection failure is.
 		return policy.Cond5xx
 	case ClassUpstream429:
 		return policy.Cond429
@@ -102,7 +106,7 @@ func Verdict(class string, status int, errCode string, contracts []Contract) (fa
 		}
 		return false, false
 	case ClassConnect, ClassEmptyResponse, ClassUpstream5xx, ClassTTFTTimeout,
-		ClassStreamCut, ClassIdleTimeout, ClassStreamError, ClassUpstreamError:
+		ClassStreamCut, ClassIdleTimeout, ClassStreamError, ClassUpstreamError, ClassUpstreamProtocol, ClassUpstreamMalformed:
 		return true, false
 	case ClassClientCancel, ClassTimeout, ClassShutdown, ClassUpstream4xx, ClassUpstream429,
 		ClassNoEndpoint, policy.CondBreakerOpen, policy.CondOverload:

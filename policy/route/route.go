@@ -264,6 +264,30 @@ func (rt *Router) SetWeights(weights map[string]int) error {
 	return nil
 }
 
+// CandidateFor returns the route's candidate on cluster — the route's own, a split's, or a
+// fallback step's, with its model rewrite and time-outs — whatever split a request would
+// get; ok is false when the route never sends there.
+func (rt *Router) CandidateFor(cluster string) (c policy.Candidate, ok bool) {
+	find := func(plan []policy.Candidate) bool {
+		for _, pc := range plan {
+			if pc.Cluster == cluster {
+				c, ok = pc, true
+				return true
+			}
+		}
+		return false
+	}
+	if find(rt.primaryPlan) {
+		return c, ok
+	}
+	for _, sp := range rt.table.Load().splits {
+		if find(sp.plan) {
+			return c, ok
+		}
+	}
+	return policy.Candidate{}, false
+}
+
 // Weights returns the current split weights by split name.
 func (rt *Router) Weights() map[string]int {
 	t := rt.table.Load()

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -28,6 +30,15 @@ const (
 	DefaultMaxBodyBytes  = 16 << 20
 	DefaultMaxEventBytes = 1 << 20
 	DefaultDrainTimeout  = 30 * time.Second
+	DefaultDrainDelay    = 5 * time.Second
+
+	DefaultBodyTimeout  = 30 * time.Second
+	DefaultWriteTimeout = 30 * time.Second
+
+	DefaultMaxHeaderBytes          = 64 << 10
+	DefaultMaxConnectionsPerClient = 512
+	DefaultMaxBufferedAnswer       = 8 << 20
+	DefaultMaxBufferedTotal        = 256 << 20
 
 	DefaultConnectTimeout = 2 * time.Second
 	DefaultTTFTTimeout    = 60 * time.Second
@@ -195,10 +206,32 @@ func (c *Config) applyDefaults() {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = Duration(DefaultDrainTimeout)
 	}
-	c.Timeouts = c.Timeouts.Or(Timeouts{
+	c.Timeouts.Timeouts = c.Timeouts.Or(Timeouts{
 		Connect: Duration(DefaultConnectTimeout), TTFT: Duration(DefaultTTFTTimeout),
 		Idle: Duration(DefaultIdleTimeout), Total: Duration(DefaultTotalTimeout),
 	})
+	if c.Timeouts.Body == 0 {
+		c.Timeouts.Body = Duration(DefaultBodyTimeout)
+	}
+	if c.Timeouts.Write == 0 {
+		c.Timeouts.Write = Duration(DefaultWriteTimeout)
+	}
+	if c.DrainDelay == 0 {
+		c.DrainDelay = Duration(DefaultDrainDelay)
+	}
+	lm := &c.Limits
+	if lm.MaxHeaderBytes == 0 {
+		lm.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if lm.MaxConnectionsPerClient == 0 {
+		lm.MaxConnectionsPerClient = DefaultMaxConnectionsPerClient
+	}
+	if lm.MaxBufferedAnswer == 0 {
+		lm.MaxBufferedAnswer = DefaultMaxBufferedAnswer
+	}
+	if lm.MaxBufferedTotal == 0 {
+		lm.MaxBufferedTotal = DefaultMaxBufferedTotal
+	}
 	ls := &c.LoadSignals
 	if ls.Interval == 0 {
 		ls.Interval = Duration(gpu.DefaultInterval)
@@ -336,7 +369,42 @@ func (c *Config) Validate() error {
 	if c.DrainTimeout < 0 {
 		add("drain_timeout: must not be negative")
 	}
-	checkTimeouts(add, "timeouts", c.Timeouts)
+	if c.DrainDelay < 0 {
+		add("drain_delay: must not be negative")
+	}
+	checkTimeouts(add, "timeouts", c.Timeouts.Timeouts)
+	if c.Timeouts.Body < 0 {
+		add("timeouts.body: must not be negative")
+	}
+	if c.Timeouts.Write < 0 {
+		add("timeouts.write: must not be negative")
+	}
+	for i, tp := range c.TrustedProxies {
+		if _, err := ParsePrefix(tp); err != nil {
+			add("trusted_proxies[%d]: %v", i, err)
+		}
+	}
+	lm := c.Limits
+	if lm.MaxHeaderBytes < 4<<10 || lm.MaxHeaderBytes > 16<<20 {
+		add("limits.max_header_bytes: %d is out of range [4KiB, 16MiB]", lm.MaxHeaderBytes)
+	}
+	if lm.MaxConnections < 0 {
+		add("limits.max_connections: must not be negative (0: three quarters of the open-file limit)")
+	}
+	if lm.MaxConnectionsPerClient < 0 {
+		add("limits.max_connections_per_client: must not be negative")
+	}
+	if lm.MaxBufferedAnswer < 64<<10 {
+		add("limits.max_buffered_answer: %d is too small (at least 64KiB)", lm.MaxBufferedAnswer)
+	}
+	if lm.MaxBufferedTotal < lm.MaxBufferedAnswer {
+		add("limits.max_buffered_total: %d is below max_buffered_answer (%d)", lm.MaxBufferedTotal, lm.MaxBufferedAnswer)
+	}
+	for i, o := range c.CORS.AllowedOrigins {
+		if o != "*" && !validOrigin(o) {
+			add("cors.allowed_origins[%d]: %q is not an origin (scheme://host[:port], or \"*\")", i, o)
+		}
+	}
 	if err := c.Chaos.Validate(); err != nil {
 		var fp fault.Problems
 		if errors.As(err, &fp) {
@@ -665,4 +733,30 @@ func IsLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// ParsePrefix parses a CIDR ("10.0.0.0/8", "fd00::/8") or a single IP address (a /32 or
+// /128) into its network.
+func ParsePrefix(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an IP address", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// validOrigin reports whether o is a browser origin: scheme://host[:port], nothing more.
+func validOrigin(o string) bool {
+	u, err := url.Parse(o)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" &&
+		u.Path == "" && u.RawQuery == "" && u.Fragment == "" && u.User == nil
 }

@@ -38,9 +38,9 @@ func NewSnapshot(c *Config) *Snapshot {
 	}
 	for i, r := range c.Routes {
 		cr := &CompiledRoute{Route: r, Index: i, glob: strings.ContainsAny(r.Match.Model, "*?[\\")}
-		base := c.Timeouts
+		base := c.Timeouts.Timeouts
 		if cl := clusters[r.Cluster]; cl != nil {
-			base = cl.Timeouts.Or(c.Timeouts)
+			base = cl.Timeouts.Or(c.Timeouts.Timeouts)
 		}
 		cr.Timeouts = r.Timeouts.Or(base)
 		for k, v := range r.Match.Headers {

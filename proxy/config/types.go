@@ -32,8 +32,19 @@ type Config struct {
 	MaxEventBytes ByteSize `yaml:"max_event_bytes" json:"max_event_bytes"`
 	// DrainTimeout is how long in-flight requests may run on after SIGTERM before they are cancelled.
 	DrainTimeout Duration `yaml:"drain_timeout" json:"drain_timeout"`
-	// Timeouts are the defaults for every route; a cluster's and then a route's own override them.
-	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
+	// DrainDelay is how long the listener keeps accepting after SIGTERM with readiness
+	// already off, so that load balancers stop sending before the listener closes.
+	DrainDelay Duration `yaml:"drain_delay" json:"drain_delay"`
+	// Timeouts are the defaults for every route (a cluster's and then a route's own override
+	// them), and the bounds on the client's side of a request.
+	Timeouts GlobalTimeouts `yaml:"timeouts" json:"timeouts"`
+	// TrustedProxies are the peers (CIDRs or IPs) whose X-Forwarded-For / Forwarded headers
+	// are believed, right to left, to find the client's address.
+	TrustedProxies []string `yaml:"trusted_proxies" json:"trusted_proxies,omitempty"`
+	// Limits bound what clients can hold of the gateway: connections, header sizes, buffers.
+	Limits Limits `yaml:"limits" json:"limits"`
+	// CORS, when set, lets browser pages of the given origins call the API.
+	CORS CORS `yaml:"cors" json:"cors"`
 	// Admin is the separate admin listener (/healthz, /readyz, /metrics, /admin/...).
 	Admin Admin `yaml:"admin" json:"admin"`
 	// LoadSignals: model-server metrics and local GPUs as load signals.
@@ -90,6 +101,41 @@ type Timeouts struct {
 	Idle Duration `yaml:"idle" json:"idle"`
 	// Total bounds the whole request.
 	Total Duration `yaml:"total" json:"total"`
+}
+
+// GlobalTimeouts are the top-level time-outs: the defaults of every route (Timeouts) and
+// the bounds on the client's side of a request, which only the listener knows.
+type GlobalTimeouts struct {
+	Timeouts `yaml:",inline"`
+	// Body bounds reading a request's body, from the end of its headers (408 past it).
+	Body Duration `yaml:"body" json:"body"`
+	// Write bounds one write to the client: a client that stops reading is dropped and
+	// its upstream request released.
+	Write Duration `yaml:"write" json:"write"`
+}
+
+// Limits bound what clients can hold of the gateway.
+type Limits struct {
+	// MaxHeaderBytes bounds a request's headers (431 past it).
+	MaxHeaderBytes ByteSize `yaml:"max_header_bytes" json:"max_header_bytes"`
+	// MaxConnections bounds the API listener's open connections (0: three quarters of the
+	// process's open-file limit), so that the admin listener and upstream connections keep
+	// file descriptors.
+	MaxConnections int `yaml:"max_connections" json:"max_connections"`
+	// MaxConnectionsPerClient bounds one client address's open connections (trusted proxies
+	// are exempt: they carry many clients).
+	MaxConnectionsPerClient int `yaml:"max_connections_per_client" json:"max_connections_per_client"`
+	// MaxBufferedAnswer bounds a non-streaming answer held whole before it is relayed (so that
+	// a failed one can be retried); a longer one is streamed through.
+	MaxBufferedAnswer ByteSize `yaml:"max_buffered_answer" json:"max_buffered_answer"`
+	// MaxBufferedTotal bounds all answers held at once; past it answers are streamed through.
+	MaxBufferedTotal ByteSize `yaml:"max_buffered_total" json:"max_buffered_total"`
+}
+
+// CORS lets browser pages of some origins call the API (none by default).
+type CORS struct {
+	// AllowedOrigins are the origins ("https://app.example.com", or "*") allowed.
+	AllowedOrigins []string `yaml:"allowed_origins" json:"allowed_origins,omitempty"`
 }
 
 // Or returns t with every zero field taken from d.

@@ -218,3 +218,97 @@ func BenchmarkEstimateTokens(b *testing.B) {
 		}
 	})
 }
+
+// agentBody builds an agent conversation of about tokens prompt tokens: tool calls with JSON
+// arguments, tool results that are pasted API responses (JSON text, 9 deep), and assistant
+// replies with prose, a markdown table and a fenced code block: the content the depth
+// measurement reads character by character.
+func agentBody(tokens int) []byte {
+	pod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-7d9f","namespace":"prod","labels":{"app":"web","tier":"frontend"}},` +
+		`"spec":{"containers":[{"name":"web","image":"nginx:1.27","ports":[{"containerPort":8080,"protocol":"TCP"}],` +
+		`"env":[{"name":"DB_PASSWORD","valueFrom":{"secretKeyRef":{"name":"db","key":"password"}}}],` +
+		`"resources":{"limits":{"cpu":"500m","memory":"256Mi"}}}]},"status":{"phase":"Running","podIP":"10.1.2.3"}}`
+	reply := "The pod `web-7d9f` is **Running** on 10.1.2.3. Here is a summary:\n\n| field | value |\n|---|---|\n| phase | Running |\n| image | nginx:1.27 |\n\n" +
+		"To restart it:\n\n```go\nfunc restart(ctx context.Context, c *kubernetes.Clientset) error {\n\tfor _, p := range pods {\n\t\tif err := c.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {\n\t\t\treturn fmt.Errorf(\"delete %s: %w\", p.Name, err)\n\t\t}\n\t}\n\treturn nil\n}\n```\n"
+	type fn struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	}
+	type call struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function fn     `json:"function"`
+	}
+	type msg struct {
+		Role       string `json:"role"`
+		Content    string `json:"content,omitempty"`
+		ToolCalls  []call `json:"tool_calls,omitempty"`
+		ToolCallID string `json:"tool_call_id,omitempty"`
+	}
+	msgs := []msg{{Role: "system", Content: "You are an SRE assistant. Use the tools."}, {Role: "user", Content: "Why is the web tier slow?"}}
+	size := 0
+	for i := 0; size < tokens*4; i++ {
+		id := fmt.Sprintf("call_%d", i)
+		msgs = append(msgs,
+			msg{Role: "assistant", ToolCalls: []call{{ID: id, Type: "function", Function: fn{Name: "get_pod", Arguments: `{"namespace":"prod","name":"web-7d9f","fields":["spec","status"]}`}}}},
+			msg{Role: "tool", ToolCallID: id, Content: pod},
+			msg{Role: "assistant", Content: reply})
+		size += len(pod) + len(reply) + 80
+	}
+	body, _ := json.Marshal(map[string]any{"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 512, "messages": msgs})
+	return body
+}
+
+// BenchmarkParseRequestAgent parses agent conversations of about 1,000 and 32,000 prompt
+// tokens (see agentBody).
+func BenchmarkParseRequestAgent(b *testing.B) {
+	for _, tokens := range []int{1000, 32000} {
+		body := agentBody(tokens)
+		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var r *Request
+			for b.Loop() {
+				var err error
+				if r, err = ParseRequest(KindChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(r.Depth), "depth")
+		})
+	}
+}
+
+// BenchmarkParseRequestPathological parses a megabyte of content built to make a depth
+// measurement rescan or work hard: open brackets, an object key repeated, brackets that never
+// form JSON, and JSON text nested in strings as deep as it is followed.
+func BenchmarkParseRequestPathological(b *testing.B) {
+	// nested is JSON text in JSON strings 8 levels down, the innermost an array of a
+	// megabyte: every character is read at every level.
+	nested := "[" + strings.Repeat("1,", 1<<19) + "1]"
+	for range 8 {
+		q, _ := json.Marshal(nested)
+		nested = "[" + string(q) + "]"
+	}
+	for _, bc := range []struct{ name, text string }{
+		{"brackets", strings.Repeat("[", 1<<20)},
+		{"keys", strings.Repeat(`{"a":`, 1<<20/5)},
+		{"broken", strings.Repeat("[x", 1<<19)},
+		{"levels", nested},
+	} {
+		q, _ := json.Marshal(bc.text)
+		body := []byte(`{"model":"m","messages":[{"role":"user","content":` + string(q) + `}]}`)
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var r *Request
+			for b.Loop() {
+				var err error
+				if r, err = ParseRequest(KindChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(r.Depth), "depth")
+		})
+	}
+}

@@ -133,8 +133,12 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			var prev *string
 			_ = json.Unmarshal(top["previous_response_id"], &prev)
-			if (prev == nil) != (r.PreviousResponseID == "") && utf8.ValidString(r.PreviousResponseID) {
-				t.Fatalf("previous_response_id %q, encoding/json says %v", r.PreviousResponseID, prev)
+			want := ""
+			if prev != nil {
+				want = *prev // an empty id continues nothing, as an absent one
+			}
+			if want != r.PreviousResponseID && utf8.ValidString(r.PreviousResponseID) {
+				t.Fatalf("previous_response_id %q, encoding/json says %q", r.PreviousResponseID, want)
 			}
 		}
 
@@ -360,4 +364,78 @@ func referenceSSE(in []byte) reference {
 		out.partial = true
 	}
 	return out
+}
+
+// quoteRaw spells text as the contents of a JSON string: '"', '\\' and control characters
+// escaped, the bytes chosen by spell (bit i%8 for byte i) as \u00XX, everything else as it is
+// (invalid UTF-8 included, which ParseRequest tolerates).
+func quoteRaw(text []byte, spell uint8) []byte {
+	const hex = "0123456789abcdef"
+	var out []byte
+	for i, c := range text {
+		switch {
+		case c < 0x20 || c == '"' || c == '\\' || (c < 0x80 && spell>>(i%8)&1 == 1):
+			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+		default:
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// FuzzTextDepth checks the streaming depth measurement against refDepth, the rule written
+// the plain way, for text as message content, as tool-call arguments and inside a value.
+func FuzzTextDepth(f *testing.F) {
+	for _, s := range []string{
+		"hello", `{"a":1}`, `Process this: {"a":{"b":[1]}} thanks`, "```json\n{\"a\":[[1]]}\n```",
+		`{"a":1} and more`, `{not json}`, `[[[`, `[x[x[x`, `[1, 2, {"a": [[[[1]]]]} oops`,
+		`{"a": "see {\"b\":[1]}"}`, `{"a":"{\"b\":\"{\\\"c\\\":[1]}\"}"}`, `[01]`, `[1.5e+3, -0, true, null, false]`,
+		`["\u005b[1]]", "\ud83d\ude00", "a\qb"]`, "[\"line\nbreak\"]", `{"k": [1, 2,]}`, `[tru`, `{"a" x {"b":{"c":1}}}`,
+		"func f() {\n\tif x {\n\t\treturn []int{1}\n\t}\n}", `| a | [b](c) |`, `$[a, [b, c]]$`,
+		`["["["["["["["["["[1]"]"]"]"]"]"]"]"]"]`,
+	} {
+		f.Add([]byte(s), uint8(0))
+		f.Add([]byte(s), uint8(0x5a))
+	}
+	// Strings in strings past the levels that are followed.
+	deep := `[1]`
+	for range textLevels + 1 {
+		q, _ := json.Marshal(deep)
+		deep = "[" + string(q) + "]"
+	}
+	f.Add([]byte(deep), uint8(0))
+	f.Fuzz(func(t *testing.T, text []byte, spell uint8) {
+		want, whole := refDepth(text, 0)
+		raw := quoteRaw(text, spell)
+		var ts textScanner
+		if d, w := ts.measure(raw); d != want || w != whole {
+			t.Fatalf("measure %q = %d, %v; the rule says %d, %v", text, d, w, want, whole)
+		}
+		r, err := ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":"`+string(raw)+`"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Depth != want {
+			t.Fatalf("content %q: Depth %d, the rule says %d", text, r.Depth, want)
+		}
+		args := want
+		if whole {
+			args = max(want-1, 1)
+		}
+		r, err = ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"`+string(raw)+`"}}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Depth != args {
+			t.Fatalf("arguments %q: Depth %d, the rule says %d", text, r.Depth, args)
+		}
+		// As a string in another field of a part, one level down in an object.
+		r, err = ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x","meta":{"k":"`+string(raw)+`"}}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Depth != 1+want {
+			t.Fatalf("string in a part's field %q: Depth %d, the rule says %d", text, r.Depth, 1+want)
+		}
+	})
 }

@@ -83,9 +83,6 @@ func TestPrefixHash(t *testing.T) {
 		{"tools before or after messages", KindChat,
 			`{"tools":` + tool + `,"model":"m","messages":[{"role":"user","content":"` + mid + `"}]}`,
 			`{"model":"m","messages":[{"role":"user","content":"` + mid + `"}],"tools":` + tool + `}`, true},
-		{"last messages key wins", KindChat,
-			`{"model":"m","messages":[{"role":"user","content":"` + sysB[:400] + `"}],"messages":[{"role":"user","content":"` + mid + `"}]}`,
-			`{"model":"m","messages":[{"role":"user","content":"` + mid + `"}]}`, true},
 		{"completion prompt", KindCompletion,
 			`{"model":"m","prompt":"` + sys + `"}`, `{"model":"m","prompt":"` + sys[:2100] + `"}`, true},
 		{"completion prompts array", KindCompletion,
@@ -255,8 +252,6 @@ func TestPrefixHashResponses(t *testing.T) {
 			rsp(`"input":[{"role":"user","content":` + q(mid) + `},{"type":"function_call","call_id":"1","name":"f","arguments":"{\"a\":2}"}]`), false},
 		{"tools change the hash", rsp(ins(sys), in("q"), `"tools":`+tool), rsp(ins(sys), in("q")), false},
 		{"tools before or after", rsp(`"tools":`+tool, ins(sys), in("q")), rsp(in("q"), ins(sys), `"tools":`+tool), true},
-		{"last instructions win", rsp(ins(sysB), in("q"), ins(sys)), rsp(ins(sys), in("q")), true},
-		{"last input wins", rsp(in(sysB[:400]), ins("Be brief."), in(mid)), rsp(ins("Be brief."), in(mid)), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -9,6 +9,10 @@ import (
 	"strconv"
 )
 
+// MaxN bounds a request's n (choices per prompt), as OpenAI's API does: every choice is a
+// sequence on the model server, and n multiplies the token charge.
+const MaxN = 128
+
 // Request is what the policies need to know about a request body, parsed once.
 //
 // For a Responses request (KindResponses) the fields mean the same things under the
@@ -105,11 +109,15 @@ func tooLarge(limit int64) *Error {
 //   - "invalid_value": an empty model string, empty messages, empty prompt or input array
 //     (completions and embeddings), empty embedding input string, negative max_tokens,
 //     max_completion_tokens or max_output_tokens, n < 1, an integer out of range, a
-//     tool_choice string other than auto/none/required.
+//     tool_choice string other than auto/none/required, n above MaxN; and a key that
+//     collides with a field Sluice measures (a top-level field such as model, messages,
+//     max_tokens, input, or a message's role, content, tool_calls): given twice, or
+//     differing from it only by case ("MESSAGES", "Max_Tokens"). Model servers disagree on
+//     those (Go's decoder ignores case, Python's keeps the last duplicate), so the gateway
+//     and the server would read different requests: a prompt hidden from the guard.
 //
 // Only the first error is reported. Keys match exactly (JSON keys are case-sensitive, and
-// \u escapes in keys are decoded) and, for a key given twice, the last one wins, as the
-// model servers' JSON decoders do, so that the gateway and the model server read the same
+// \u escapes in keys are decoded), so that the gateway and the model server read the same
 // request. Unknown fields are validated and skipped.
 //
 // PromptChars counts the characters of: message content text (string content, and the
@@ -134,20 +142,36 @@ func tooLarge(limit int64) *Error {
 // those fields are read from them. An empty input array is accepted: a turn may add
 // nothing to previous_response_id or the instructions.
 //
-// Depth is the maximal structural depth of message content, where 1 means flat:
+// Depth is the maximal structural depth of message content, where 1 means flat. Structure
+// counts wherever it is in the text, so that JSON pasted into prose, into a markdown code
+// fence or into a tool result counts as much as JSON sent as the whole content:
 //
 //   - a string, number, boolean or null is depth 1; an array or object is one more than its
 //     deepest element (an empty one is 1);
-//   - a string whose whole text (ignoring surrounding white space) is a JSON array or
-//     object counts as that value, recursively: "hello" is 1, "{\"a\":1}" is 2,
-//     "[[1]]" is 3, and JSON text nested in JSON text keeps counting;
+//   - text (a string's decoded contents) is as deep as the deepest JSON array or object
+//     embedded in it, and 1 if it has none. Text is read once, left to right: each '{' or
+//     '[' that is not inside an embedded value starts one, which extends as far as the text
+//     continues it as JSON (RFC 8259): to its closing bracket; or to the first character
+//     that cannot continue it, which is then read as text again (and may start the next
+//     one); or to the end of the text. A value counts with the depth it reached, those left
+//     open as if they closed where it ended;
+//   - a string inside an embedded value, key or value, is text too: its escapes decoded,
+//     it is measured by the same rule and adds its depth to the value's (JSON text in JSON
+//     text keeps counting), down to strings 7 levels in strings; a string nested deeper
+//     counts one more than the deepest nesting of its brackets. A character outside ASCII
+//     (or not UTF-8) is text, which no JSON value holds outside a string;
+//   - so "hello" is 1, "{\"a\":1}" is 2, "Process this: {\"a\":[1]} thanks" is 3, a ```json
+//     fence counts as the JSON in it, "[[[" is 3, and "{\"a\":\"{\\\"b\\\":1}\"}" is 4. Code,
+//     markdown, math and log lines count only what reads as JSON: a '{' not followed by a
+//     quoted key or '}', or a '[' not followed by a JSON value or ']', ends at once, so
+//     "if (ok) { f(a[i]) }" is 1, "[a link](url)" is 1 and "[[1, 2], [3, 4]]" is 3;
 //   - the standard envelopes do not count: the content-parts array, each part object, and
 //     the part's payload object named by its type ({"type":"image_url","image_url":{...}}),
 //     so text content is 1 whether it is a string or parts; other fields of a part count
-//     as values;
+//     as values, their strings as text;
 //   - tool-call arguments (tool_calls[].function.arguments, and the legacy function_call)
-//     are parsed as JSON when they are JSON; their top-level object is an envelope too, so
-//     {"city":"Paris"} is 1 and {"q":{"a":1}} is 2; arguments that are not JSON are text (1);
+//     are text; when the whole text (but for white space around it) is one JSON object or
+//     array, it is an envelope too, so {"city":"Paris"} is 1 and {"q":{"a":1}} is 2;
 //   - tool results are message content (role "tool"), measured as above.
 //
 // Depth is the maximum over all messages (0 if none has content). For completions and
@@ -155,7 +179,14 @@ func tooLarge(limit int64) *Error {
 // For Responses, the instructions and every input item count: message and reasoning
 // content as content, function_call arguments as tool-call arguments (their object an
 // envelope), the output of a function_call_output as a tool result (a string, or content
-// parts); an output that is an object (a computer call's screenshot) counts as a value.
+// parts), a custom tool call's input as text; an output that is an object (a computer
+// call's screenshot) counts as a value. The tool declarations do not count.
+//
+// The measurement is part of the one pass over the body, and allocates nothing unless arrays
+// and objects are open more than 256 deep: text is skipped at full speed up to the next
+// '{', '[' or escape, and a character inside an embedded value costs one step for each
+// level of JSON text it is in (at most 8), so the work is linear in the body whatever it
+// holds.
 func ParseRequest(kind Kind, body []byte) (*Request, error) {
 	req := &Request{Kind: kind, Body: body, N: 1}
 	switch kind {
@@ -218,14 +249,15 @@ type parser struct {
 	req     *Request
 	err     *Error // first semantic error
 	stats   textStats
-	tokenID int    // prompt tokens given as token IDs
-	scratch []byte // decoded JSON text embedded in strings
+	tokenID int         // prompt tokens given as token IDs
+	ts      textScanner // measures the depth of text
 
 	prefix, toolsPrefix prefixHasher // Request.PrefixHash: prompt text, tool declarations
 	instrPrefix         prefixHasher // Responses: the instructions, which may come before or after the input
 
 	haveModel, haveMessages, havePrompt bool
-	haveInput, haveInstructions         bool // Responses
+	seenTop                             uint64 // measured top-level keys met (see measuredKey)
+	haveInput, haveInstructions         bool   // Responses
 	maxTokens, maxCompletion            int64
 	haveMax, haveMaxCompletion          bool
 }
@@ -285,6 +317,11 @@ func (p *parser) parse() {
 		}
 		var kb [32]byte
 		kt := keyText(key, esc, kb[:])
+		var keyOK bool
+		if p.seenTop, keyOK = p.measuredKey(kt, key, esc, topKeys, p.seenTop, loc{i: -1, j: -1}); !keyOK {
+			p.skip(nil)
+			continue
+		}
 		switch string(kt) {
 		case "stream_options", "max_tokens", "max_completion_tokens", "n", "response_format", "functions", "messages", "prompt":
 			if resp {
@@ -316,9 +353,12 @@ func (p *parser) parse() {
 		case "max_output_tokens":
 			p.maxTokens, p.haveMax = p.optCount(at("max_output_tokens"), 0)
 		case "n":
-			if n, ok := p.optCount(at("n"), 1); ok {
+			if n, ok := p.optCount(at("n"), 1); ok && n <= MaxN {
 				req.N = int(n)
 			} else {
+				if ok {
+					p.valueErr(at("n"), fmt.Sprintf("must be at most %d, got %d", MaxN, n))
+				}
 				req.N = 1
 			}
 		case "instructions":
@@ -678,9 +718,8 @@ func (p *parser) instructions() {
 		p.skip(nil)
 		return
 	case '"':
-		if raw, esc, ok := p.strStats(&p.stats); ok {
+		if raw, d, _, ok := p.strText(&p.stats, &p.ts); ok {
 			p.haveInstructions = true
-			d, _ := embeddedDepth(raw, esc, &p.scratch)
 			p.depth(d)
 			p.instrPrefix.write(raw)
 			p.instrPrefix.sep()
@@ -836,6 +875,67 @@ func (p *parser) messages() {
 	}
 }
 
+// topKeys are the top-level fields Sluice measures, and messageKeys a message's: a key that
+// differs from one of them only by case ("MESSAGES", "Max_Tokens"), or one given twice, is
+// refused. Model servers disagree on both (Go's case-insensitive decoder, as Ollama's, reads
+// "MESSAGES" as messages; Python's json keeps the last of two), so such a body would be
+// measured one way and served another: a prompt hidden from the guard and the rate limit.
+var (
+	topKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
+		"n", "user", "tools", "functions", "tool_choice", "messages", "prompt", "input", "instructions", "response_format", "text",
+		"previous_response_id", "store", "background", "temperature", "seed"}
+	messageKeys = []string{"role", "content", "tool_calls", "function_call"}
+)
+
+// measuredKey checks one object key against the measured keys of its object (at most 64):
+// false, with the 400 recorded, when it repeats one (seen holds those met, and is returned
+// with this one added) or differs from one only by case. Other keys pass (true).
+func (p *parser) measuredKey(kt, raw []byte, esc bool, keys []string, seen uint64, l loc) (uint64, bool) {
+	if kt == nil && esc {
+		kt = raw // a long escaped key is none of the measured ones exactly
+	}
+	for i, k := range keys {
+		switch {
+		case string(kt) == k:
+			if seen&(1<<i) != 0 {
+				l.sub = k
+				if l.name == "" {
+					l = at(k)
+				}
+				p.semantic(codeInvalidValue, l, fmt.Sprintf("Duplicate key '%s': servers disagree on which of the two counts, so the request is refused.", k))
+				return seen, false
+			}
+			return seen | 1<<i, true
+		case foldEqual(kt, k):
+			name := string(kt)
+			l.sub = name
+			if l.name == "" {
+				l = at(name)
+			}
+			p.semantic(codeInvalidValue, l, "Key '"+name+"' differs from '"+k+"' only by case: some servers read it as '"+k+"', so the request is refused.")
+			return seen, false
+		}
+	}
+	return seen, true
+}
+
+// foldEqual reports whether b equals s ignoring ASCII case (s is lower case ASCII).
+func foldEqual(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
 func (p *parser) message(i int) {
 	if p.peek() != '{' {
 		p.typeErr(loc{name: "messages", i: i, j: -1}, "an object")
@@ -844,13 +944,20 @@ func (p *parser) message(i int) {
 	p.i++
 	p.req.Messages++
 	hasRole := false
+	var seen uint64
 	for first := true; ; {
 		key, esc, ok := p.member(&first)
 		if !ok {
 			break
 		}
 		var kb [32]byte
-		switch string(keyText(key, esc, kb[:])) {
+		kt := keyText(key, esc, kb[:])
+		var keyOK bool
+		if seen, keyOK = p.measuredKey(kt, key, esc, messageKeys, seen, loc{name: "messages", i: i, j: -1}); !keyOK {
+			p.skip(nil)
+			continue
+		}
+		switch string(kt) {
 		case "role":
 			_, _, hasRole = p.optString(loc{name: "messages", i: i, field: "role", j: -1}, "a string")
 		case "content":
@@ -872,8 +979,7 @@ func (p *parser) message(i int) {
 // text reads a string of content at the cursor, counts it, measures its depth and adds it
 // to the prefix hash.
 func (p *parser) text() {
-	if raw, esc, ok := p.strStats(&p.stats); ok {
-		d, _ := embeddedDepth(raw, esc, &p.scratch)
+	if raw, d, _, ok := p.strText(&p.stats, &p.ts); ok {
 		p.depth(d)
 		p.hashText(raw)
 	}
@@ -933,12 +1039,12 @@ func (p *parser) part() {
 				p.text()
 				continue
 			}
-			p.depth(p.skip(&p.scratch))
+			p.depth(p.skip(&p.ts))
 		case typ != nil && p.peek() == '{' && sameKey(key, esc, typ, typEsc):
 			// The payload object named by the type is an envelope.
-			p.depth(max(p.skip(&p.scratch)-1, 1))
+			p.depth(max(p.skip(&p.ts)-1, 1))
 		default:
-			p.depth(p.skip(&p.scratch))
+			p.depth(p.skip(&p.ts))
 		}
 	}
 }
@@ -1034,10 +1140,13 @@ func (p *parser) function(l loc) {
 			p.skip(nil)
 		case equalString(key, esc, "arguments"):
 			al := l
-			if al.sub != "" {
-				al.sub += ".arguments"
-			} else {
+			switch al.sub {
+			case "":
 				al.sub = "arguments"
+			case "function": // tool_calls[j].function: no concatenation on the common path
+				al.sub = "function.arguments"
+			default:
+				al.sub += ".arguments"
 			}
 			p.arguments(al)
 		default:
@@ -1051,13 +1160,12 @@ func (p *parser) function(l loc) {
 func (p *parser) arguments(l loc) {
 	switch p.peek() {
 	case '"':
-		raw, esc, ok := p.strStats(&p.stats)
+		raw, d, whole, ok := p.strText(&p.stats, &p.ts)
 		if !ok {
 			return
 		}
 		p.hashText(raw)
-		d, isJSON := embeddedDepth(raw, esc, &p.scratch)
-		if isJSON {
+		if whole {
 			d = max(d-1, 1) // the arguments object is an envelope
 		}
 		p.depth(d)
@@ -1138,11 +1246,17 @@ func (p *parser) inputItem(i int) {
 			} else {
 				p.skip(nil)
 			}
-		case "name", "input": // a function's name; a custom tool call's input
+		case "name": // a function's name
 			if p.peek() == '"' {
 				if raw, _, ok := p.strStats(&p.stats); ok {
 					p.hashText(raw)
 				}
+				continue
+			}
+			p.skip(nil)
+		case "input": // a custom tool call's input: text
+			if p.peek() == '"' {
+				p.text()
 				continue
 			}
 			p.skip(nil)
@@ -1160,7 +1274,7 @@ func (p *parser) inputItem(i int) {
 				p.skip(nil)
 			default:
 				output = c // fine for other items (a computer call's screenshot object)
-				p.depth(p.skip(&p.scratch))
+				p.depth(p.skip(&p.ts))
 			}
 		default:
 			p.skip(nil)

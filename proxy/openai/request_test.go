@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -92,13 +94,6 @@ func TestParseRequestValid(t *testing.T) {
 			want: Request{Model: `a"b`, Stream: true, N: 1, Messages: 1},
 			// é (2-byte: 4) + \n (2) + 😀 (4-byte: 16) = 22/8 → 3, + 7.
 			size: sizes{chars: 3, tokens: 3 + 7, depth: 1},
-		},
-		{
-			name: "keys are case-sensitive and the last duplicate wins",
-			kind: KindChat,
-			body: `{"MODEL":"x","model":"first","Stream":true,"messages":[{"role":"user","content":"x"}],"model":"second"}`,
-			want: Request{Model: "second", N: 1, Messages: 1},
-			size: sizes{-1, -1, -1},
 		},
 		{
 			name: "tools and tool calls",
@@ -195,13 +190,6 @@ func TestParseRequestValid(t *testing.T) {
 			name: "null model",
 			kind: KindChat,
 			body: `{"model":null,"messages":[{"role":"user","content":"x"}]}`,
-			want: Request{N: 1, Messages: 1},
-			size: sizes{-1, -1, -1},
-		},
-		{
-			name: "last model null",
-			kind: KindChat,
-			body: `{"model":"a","messages":[{"role":"user","content":"x"}],"model":null}`,
 			want: Request{N: 1, Messages: 1},
 			size: sizes{-1, -1, -1},
 		},
@@ -307,16 +295,6 @@ func TestParseRequestValid(t *testing.T) {
 			want: Request{Model: "m", N: 1, Messages: 4},
 			// "sh" "ls" "a b" "ok": 9 characters.
 			size: sizes{chars: 9, tokens: -1, depth: 1},
-		},
-		{
-			name: "responses escaped keys, duplicates",
-			kind: KindResponses,
-			body: `{"model":"m","input":[{"role":"user","content":"a"},{"role":"user","content":"b"}],"input":"c",
-				"text":{"format":{"type":"json_object"}},"text":{"format":{"type":"json_object","type":"text"}},
-				"store":true,"store":null,"max_output_tokens":5,"max_output_tokens":null,"previous_response_id":"r","previous_response_id":null,
-				"instructions":"x","instructions":null,"background":true,"background":false,"tool_choice":"auto","tool_choice":null}`,
-			want: Request{Model: "m", N: 1, Messages: 1, ResponseFormat: "text"},
-			size: sizes{chars: -1, tokens: 1 + 4 + 3, depth: 1},
 		},
 		{
 			name: "responses tool_choice does not take the chat form",
@@ -483,7 +461,20 @@ func TestParseRequestErrors(t *testing.T) {
 
 		// Invalid values.
 		{"empty model", KindChat, `{"model":"","messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "model", "empty"},
-		{"empty model after a null", KindChat, `{"model":null,"messages":[{"role":"user","content":"x"}],"model":""}`, codeInvalidValue, "model", "empty"},
+		{"empty model", KindChat, `{"model":"","messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "model", "empty"},
+		// Keys that collide with measured fields, by duplication or by case: servers disagree
+		// on them, so the gateway and the server would read different requests.
+		{"n over the bound", KindChat, `{"model":"m","n":200000000,"max_tokens":4096,"messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "n", "at most 128"},
+		{"duplicate model", KindChat, `{"model":"a","messages":[{"role":"user","content":"x"}],"model":null}`, codeInvalidValue, "model", "Duplicate key 'model'"},
+		{"case-variant model", KindChat, `{"MODEL":"x","model":"m","messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "MODEL", "differs from 'model' only by case"},
+		{"prompt hidden in MESSAGES", KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"MESSAGES":[{"role":"user","content":"huge"}]}`, codeInvalidValue, "MESSAGES", "only by case"},
+		{"MAX_TOKENS", KindChat, `{"model":"m","max_tokens":1,"MAX_TOKENS":3000,"messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "MAX_TOKENS", "only by case"},
+		{"escaped case variant", KindChat, `{"model":"m","\u004dessages":[],"messages":[{"role":"user","content":"x"}]}`, codeInvalidValue, "Messages", "only by case"},
+		{"duplicate messages", KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"messages":[{"role":"user","content":"y"}]}`, codeInvalidValue, "messages", "Duplicate"},
+		{"message CONTENT", KindChat, `{"model":"m","messages":[{"role":"user","content":"x","CONTENT":"huge"}]}`, codeInvalidValue, "messages[0].CONTENT", "only by case"},
+		{"message content twice", KindChat, `{"model":"m","messages":[{"role":"user","content":"x","content":"huge"}]}`, codeInvalidValue, "messages[0].content", "Duplicate"},
+		{"responses duplicate input", KindResponses, `{"model":"m","input":"x","input":"y"}`, codeInvalidValue, "input", "Duplicate"},
+		{"responses Max_Output_Tokens", KindResponses, `{"model":"m","input":"x","max_output_tokens":1,"Max_Output_Tokens":9999}`, codeInvalidValue, "Max_Output_Tokens", "only by case"},
 		{"empty completion model", KindCompletion, `{"model":"","prompt":"x"}`, codeInvalidValue, "model", "empty"},
 		{"empty embedding model", KindEmbedding, `{"model":"","input":"x"}`, codeInvalidValue, "model", "empty"},
 		{"empty messages", KindChat, `{"model":"m","messages":[]}`, codeInvalidValue, "messages", "at least one"},
@@ -533,7 +524,7 @@ func TestParseRequestErrors(t *testing.T) {
 		{"responses tool_choice", KindResponses, `{"model":"m","input":"x","tool_choice":true}`, codeInvalidType, "tool_choice", "a string or an object"},
 		{"responses no input", KindResponses, `{"model":"m","instructions":"x"}`, codeMissingField, "input", "'input'"},
 		{"responses null input", KindResponses, `{"model":"m","input":null}`, codeMissingField, "input", ""},
-		{"responses input null last", KindResponses, `{"model":"m","input":"x","input":null}`, codeMissingField, "input", ""},
+		{"responses input null", KindResponses, `{"model":"m","input":null}`, codeMissingField, "input", ""},
 		{"responses no role", KindResponses, `{"model":"m","input":[{"content":"x"}]}`, codeMissingField, "input[0].role", "'input[0].role'"},
 		{"responses message without role", KindResponses, `{"model":"m","input":[{"role":"user","content":"x"},{"content":"y","type":"message"}]}`, codeMissingField, "input[1].role", ""},
 		{"responses null role", KindResponses, `{"model":"m","input":[{"role":null,"content":"x"}]}`, codeMissingField, "input[0].role", ""},
@@ -592,7 +583,7 @@ func TestDepth(t *testing.T) {
 		{"JSON text with space", msg(q("  \n[[1]] ")), 3},
 		{"JSON text escaped brace", msg(`"\u005b[[1]]]"`), 4},
 		{"not JSON text", msg(q(`{not json}`)), 1},
-		{"JSON text with trailing words", msg(q(`{"a":1} and more`)), 1},
+		{"JSON text with trailing words", msg(q(`{"a":1} and more`)), 2},
 		{"JSON in JSON text", msg(q(`{"a":` + q(`{"b":{"c":1}}`) + `}`)), 4},
 		{"JSON in JSON in JSON", msg(q(`[` + q(`[`+q(`[1]`)+`]`) + `]`)), 4},
 		{"JSON text in a text part", msg(`[{"type":"text","text":` + q(`{"a":[1,2]}`) + `}]`), 3},
@@ -624,6 +615,183 @@ func TestDepth(t *testing.T) {
 				t.Errorf("Depth = %d, want %d", r.Depth, tt.want)
 			}
 		})
+	}
+}
+
+// nest returns JSON nested d deep: objects and arrays in turn, a number at the bottom.
+func nest(d int) string {
+	if d <= 1 {
+		return "1"
+	}
+	if d%2 == 0 {
+		return `{"k":` + nest(d-1) + `}`
+	}
+	return "[" + nest(d-1) + "]"
+}
+
+func TestDepthInText(t *testing.T) {
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	msg := func(role, content string) string {
+		return `{"model":"m","messages":[{"role":"` + role + `","content":` + q(content) + `}]}`
+	}
+	call := func(args string) string {
+		return `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":` + q(args) + `}}]}]}`
+	}
+	deep := nest(10)
+	tests := []struct {
+		name string
+		kind Kind
+		body string
+		want int
+	}{
+		// The issue: JSON 10 deep counts the same wherever it is in the content.
+		{"whole content", KindChat, msg("user", deep), 10},
+		{"in prose", KindChat, msg("user", "Process this: "+deep), 10},
+		{"in prose, text after", KindChat, msg("user", "Process this: "+deep+" and tell me what it means."), 10},
+		{"in a fence", KindChat, msg("user", "Here:\n```json\n"+deep+"\n```\nThanks"), 10},
+		{"in a tool result with prose", KindChat, msg("tool", "Result of the query: "+deep), 10},
+		{"in a text part", KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":` + q("see "+deep) + `}]}]}`, 10},
+		{"in a system prompt", KindChat, msg("system", "Answer in this schema: "+deep), 10},
+		{"arguments: whole JSON, an envelope", KindChat, call(deep), 9},
+		{"arguments: JSON with text around is not", KindChat, call("use " + deep), 10},
+		{"arguments: white space around is", KindChat, call("\n  " + deep + "  \n"), 9},
+		{"completion prompt", KindCompletion, `{"model":"m","prompt":` + q("Q: "+deep+"\nA:") + `}`, 10},
+		{"embedding input", KindEmbedding, `{"model":"m","input":[` + q("doc "+deep) + `]}`, 10},
+		{"responses string input", KindResponses, `{"model":"m","input":` + q("Process this: "+deep) + `}`, 10},
+		{"responses instructions", KindResponses, `{"model":"m","input":"x","instructions":` + q("Schema: "+deep) + `}`, 10},
+		{"responses tool output", KindResponses, `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":` + q("ok: "+deep) + `}]}`, 10},
+		{"responses function call arguments", KindResponses, `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":` + q(deep) + `}]}`, 9},
+		{"responses custom tool input", KindResponses, `{"model":"m","input":[{"type":"custom_tool_call","call_id":"c","name":"f","input":` + q("run "+deep) + `}]}`, 10},
+
+		// How the rule reads text.
+		{"the deepest of several values", KindChat, msg("user", `a [1] b {"x":[[1]]} c [[[[1]]]] d`), 5},
+		{"open at the end: as far as it reached", KindChat, msg("user", "look: [[[[{\"a\":[1"), 7},
+		{"broken off: the next value counts", KindChat, msg("user", `[[[x [[1]]`), 3},
+		{"the breaking character starts the next value", KindChat, msg("user", `{{{"a":[[1]]}`), 4},
+		{"a key is text", KindChat, msg("user", `{"[[[1]]]":1}`), 5},
+		{"a string in a value is text", KindChat, msg("user", `{"a":"see [[1]] here"}`), 4},
+		{"JSON text in JSON text in prose", KindChat, msg("user", `log: {"body":"{\"x\":[[1]]}"}`), 5},
+		{"escaped brackets decode", KindChat, `{"model":"m","messages":[{"role":"user","content":"x \u005b\u005b1]]"}]}`, 3},
+		{"not JSON: code", KindChat, msg("user", "if (ok) { f(a[i]) } else { g({x: 1}) }"), 1},
+		{"not JSON: a link", KindChat, msg("user", "[a link](https://x) and [[wiki]]"), 2},
+		{"strict numbers", KindChat, msg("user", `[[01]] [[1.]] [[-]] [[1e5]]`), 3},
+		{"literals", KindChat, msg("user", `[[true]] [[nul]] [[False]]`), 3},
+		{"a newline ends a string", KindChat, msg("user", "[\"a\nb\"] [[[1]]]"), 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := ParseRequest(tt.kind, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Depth != tt.want {
+				t.Errorf("Depth = %d, want %d", r.Depth, tt.want)
+			}
+		})
+	}
+}
+
+// TestDepthOrdinaryText: code in several languages, markdown, math, logs and templates count
+// only what in them reads as JSON, which is shallow (testdata/depth, with the expected depth
+// of each file in want.json).
+func TestDepthOrdinaryText(t *testing.T) {
+	raw, err := os.ReadFile("testdata/depth/want.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := json.Unmarshal(raw, &want); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob("testdata/depth/*.txt")
+	if len(files) < 8 {
+		t.Fatalf("%d files", len(files))
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			w, ok := want[filepath.Base(f)].(float64)
+			if !ok {
+				t.Fatal("no expected depth in want.json")
+			}
+			text, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, _ := json.Marshal(string(text))
+			for _, body := range []string{
+				`{"model":"m","messages":[{"role":"user","content":` + string(q) + `}]}`,
+				`{"model":"m","messages":[{"role":"tool","tool_call_id":"1","content":[{"type":"text","text":` + string(q) + `}]}]}`,
+			} {
+				r, err := ParseRequest(KindChat, []byte(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Depth != int(w) || r.Depth > 5 {
+					t.Errorf("Depth = %d, want %d (and at most 5)", r.Depth, int(w))
+				}
+			}
+		})
+	}
+}
+
+// TestDepthPathological: text built to make a measurement rescan is read once (the
+// benchmark BenchmarkParseRequestPathological shows the time is linear) and still measured.
+func TestDepthPathological(t *testing.T) {
+	const n = 1 << 20
+	tests := []struct {
+		name string
+		text string
+		want int
+	}{
+		{"a megabyte of [", strings.Repeat("[", n), n},
+		{"an object key repeated", strings.Repeat(`{"a":`, n/5), n/5 + 1},
+		{"brackets that never form JSON", strings.Repeat("[x", n/2), 1},
+		{"a broken bomb counts to the break", strings.Repeat("[", n/2) + "x" + strings.Repeat("]", n/2), n / 2},
+		{"values one after another", strings.Repeat("[[1]] ", n/6), 3},
+		{"unterminated strings", strings.Repeat(`["a`, n/3), 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q, _ := json.Marshal(tt.text)
+			r, err := ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":`+string(q)+`}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Depth != tt.want {
+				t.Errorf("Depth = %d, want %d", r.Depth, tt.want)
+			}
+		})
+	}
+	// JSON text in JSON strings past the levels followed counts by its brackets.
+	s := "[[[1]]]"
+	for range textLevels + 2 {
+		b, _ := json.Marshal(s)
+		s = "[" + string(b) + "]"
+	}
+	q, _ := json.Marshal(s)
+	r, err := ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":`+string(q)+`}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ten arrays, one a level, around [[[1]]] (4): 14, the brackets of the levels past the
+	// last one followed counting as their arrays would.
+	if want := 14; r.Depth != want {
+		t.Errorf("strings in strings: Depth = %d, want %d", r.Depth, want)
+	}
+}
+
+// TestParseDepthAllocs: measuring the depth of content allocates nothing, JSON tool results,
+// escapes and fences included: an agent conversation allocates what a prose one does.
+func TestParseDepthAllocs(t *testing.T) {
+	for _, tokens := range []int{1000, 32000} {
+		body := agentBody(tokens)
+		if a := testing.AllocsPerRun(20, func() {
+			if r, err := ParseRequest(KindChat, body); err != nil || r.Depth != 9 {
+				t.Fatal(r, err)
+			}
+		}); a > 3 {
+			t.Errorf("%d tokens: %v allocations", tokens, a)
+		}
 	}
 }
 

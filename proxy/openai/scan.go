@@ -8,9 +8,9 @@ import (
 
 // This file holds the JSON scanner the rest of the package is built on. It validates as
 // strictly as encoding/json (RFC 8259; invalid UTF-8 is tolerated, as encoding/json does),
-// works in place on the caller's bytes, never allocates on valid input except to decode
-// JSON text embedded in strings, and is iterative, so nesting depth costs memory (one bit per
-// level) rather than stack.
+// works in place on the caller's bytes, never allocates on valid input (JSON text embedded
+// in strings is measured as it is read, not decoded into a copy), and is iterative, so
+// nesting depth costs memory (one bit per level) rather than stack.
 
 // Syntax error messages. They are constants so that reporting one does not allocate; the
 // offset travels next to them.
@@ -32,10 +32,12 @@ const (
 // Byte classes. The low five bits are the token-estimate weight of the byte in eighths of a
 // token (see EstimateTextTokens); clsChar marks a byte that starts a character (anything but
 // a UTF-8 continuation byte); clsSpecial marks the bytes that end the fast path of the
-// string scanner: '"', '\\' and control characters.
+// string scanner: '"', '\\' and control characters; clsOpen marks '{' and '[', which end
+// the fast path of text whose depth is measured.
 const (
 	clsWeight  = 0x1f
 	clsChar    = 0x20
+	clsOpen    = 0x40
 	clsSpecial = 0x80
 )
 
@@ -81,6 +83,9 @@ func init() {
 		}
 		if c < 0x20 || c == '"' || c == '\\' {
 			k |= clsSpecial
+		}
+		if c == '{' || c == '[' {
+			k |= clsOpen
 		}
 		class[c] = k
 	}
@@ -183,19 +188,34 @@ func hasSpecial(x uint64) bool {
 }
 
 // scanStringStats is scanString that also counts the decoded text into st, in the same pass.
-func scanStringStats(b []byte, i int, st *textStats) (end int, esc bool, msg string) {
+// When ts is non-nil, the decoded text is also fed to ts (which measures its depth), in the
+// same pass: bytes that cannot change ts's state are skipped as fast as without it.
+func scanStringStats(b []byte, i int, st *textStats, ts *textScanner) (end int, esc bool, msg string) {
 	i++
 	chars, weight := 0, 0
 	defer func() { st.chars += chars; st.weight += weight }()
 	for {
-		for i < len(b) {
-			k := class[b[i]]
-			if k&clsSpecial != 0 {
-				break
+		switch {
+		case ts == nil:
+			for i < len(b) {
+				k := class[b[i]]
+				if k&clsSpecial != 0 {
+					break
+				}
+				weight += int(k & clsWeight)
+				chars += int(k>>5) & 1
+				i++
 			}
-			weight += int(k & clsWeight)
-			chars += int(k>>5) & 1
-			i++
+		case ts.fast():
+			for i < len(b) {
+				k := class[b[i]]
+				if k&(clsSpecial|clsOpen) != 0 {
+					break
+				}
+				weight += int(k & clsWeight)
+				chars += int(k>>5) & 1
+				i++
+			}
 		}
 		if i >= len(b) {
 			return i, esc, errEOF
@@ -225,9 +245,18 @@ func scanStringStats(b []byte, i int, st *textStats) (end int, esc bool, msg str
 			r, n := decodeEscape(b, i)
 			chars++
 			weight += runeWeight(r)
+			if ts != nil {
+				ts.feed(asciiOf(r))
+			}
 			i = n
-		default:
+		case c < 0x20:
 			return i, esc, errControl
+		default: // only with ts: '{' or '[', or any byte while ts needs every one
+			k := class[c]
+			weight += int(k & clsWeight)
+			chars += int(k>>5) & 1
+			ts.feed(c)
+			i++
 		}
 	}
 }
@@ -431,10 +460,10 @@ func scanLiteral(b []byte, i int) (end int, msg string) {
 
 // scanValue scans one JSON value starting at b[i] (leading white space is skipped) and
 // returns the index just past it and its depth: a scalar is 1, a container is one more than
-// its deepest element, an empty container is 1. When scratch is non-nil, a string whose
-// whole text (ignoring surrounding white space) is a JSON array or object counts with that
-// value's depth instead of 1 (recursively); scratch is where such text is decoded.
-func scanValue(b []byte, i int, scratch *[]byte) (end, depth int, msg string) {
+// its deepest element, an empty container is 1. When ts is non-nil, every string of the
+// value, key or value, is text and counts with its depth as ts measures it (see
+// ParseRequest) instead of 1.
+func scanValue(b []byte, i int, ts *textScanner) (end, depth int, msg string) {
 	var (
 		small [8]uint64 // one bit per open container: 1 = object
 		stack = small[:]
@@ -479,14 +508,13 @@ value:
 		goto value
 	case '"':
 		start := i
-		var esc bool
-		i, esc, msg = scanString(b, i)
+		i, _, msg = scanString(b, i)
 		if msg != "" {
 			return i, depth, msg
 		}
 		d := 1
-		if scratch != nil {
-			d, _ = embeddedDepth(b[start+1:i-1], esc, scratch)
+		if ts != nil {
+			d, _ = ts.measure(b[start+1 : i-1])
 		}
 		depth = max(depth, level+d)
 	case 't', 'f', 'n':
@@ -542,9 +570,16 @@ key:
 	if b[i] != '"' {
 		return i, depth, errKey
 	}
-	i, _, msg = scanString(b, i)
-	if msg != "" {
-		return i, depth, msg
+	{
+		start := i
+		i, _, msg = scanString(b, i)
+		if msg != "" {
+			return i, depth, msg
+		}
+		if ts != nil {
+			d, _ := ts.measure(b[start+1 : i-1])
+			depth = max(depth, level+d)
+		}
 	}
 	i = skipSpace(b, i)
 	if i >= len(b) {
@@ -557,50 +592,477 @@ key:
 	goto value
 }
 
-// firstText returns the first character of a JSON string's decoded text that is not JSON
-// white space (0 if there is none or it is not ASCII).
-func firstText(raw []byte) byte {
-	for i := 0; i < len(raw); {
-		c := raw[i]
-		if c == '\\' {
-			r, n := decodeEscape(raw, i)
-			if r < 0x80 && isSpace(byte(r)) {
-				i = n
-				continue
-			}
-			if r < 0x80 {
-				return byte(r)
-			}
-			return 0
+// The depth of text (the rule is ParseRequest's). A textScanner reads text one character at
+// a time and measures the JSON arrays and objects embedded in it, in one pass and with no
+// look-back: each '{' or '[' outside an embedded value starts one, which is read as far as
+// the text continues it as JSON (RFC 8259); a character that cannot continue it ends it and
+// is read as text again, so every character is read at most twice. A character is a byte; a
+// character outside ASCII arrives as 0x80, which JSON only allows inside strings.
+//
+// The strings of an embedded value (keys and values) are text one level down: level j
+// decodes their escapes and hands their characters to level j+1 as they arrive, so JSON
+// text in JSON strings is measured with no copy and no second pass. textLevels levels are
+// followed; a string of the last one counts by its brackets. A character costs at most one
+// step per level, so the work is linear in the text whatever it holds. Memory: the levels,
+// and one bit per array or object open (256 inline, then a slice, grown only by text that
+// nests that deep).
+
+// textLevels is how many levels of JSON text in JSON strings are followed.
+const textLevels = 8
+
+// Modes of a level.
+const (
+	mText     = iota // outside an embedded value
+	mFirst           // after '[': a value or ']'
+	mValue           // after ':' or an array's ',': a value
+	mKeyFirst        // after '{': a key or '}'
+	mKey             // after an object's ',': a key
+	mColon           // after a key: ':'
+	mNext            // after a value: ',' or the closing bracket
+	mString          // in a string (a key when key is set), whose text is the next level's
+	mNumber          // in a number, in state num
+	mLiteral         // in true, false or null, lit to go
+)
+
+// Number states, RFC 8259's grammar: after '-', after a leading 0, in the integer's digits,
+// after '.', in the fraction, after 'e', after the exponent's sign, in the exponent.
+const (
+	nMinus = iota
+	nZero
+	nInt
+	nDot
+	nFrac
+	nE
+	nESign
+	nExp
+)
+
+// numStep is the number state after c, ok false when c does not continue the number.
+func numStep(state uint8, c byte) (next uint8, ok bool) {
+	digit := c >= '0' && c <= '9'
+	switch state {
+	case nMinus:
+		switch {
+		case c == '0':
+			return nZero, true
+		case digit:
+			return nInt, true
 		}
-		if isSpace(c) {
+	case nZero, nInt, nFrac:
+		switch {
+		case digit && state != nZero:
+			return state, true
+		case c == '.' && state != nFrac:
+			return nDot, true
+		case c == 'e' || c == 'E':
+			return nE, true
+		}
+	case nDot:
+		if digit {
+			return nFrac, true
+		}
+	case nE:
+		switch {
+		case c == '+' || c == '-':
+			return nESign, true
+		case digit:
+			return nExp, true
+		}
+	case nESign, nExp:
+		if digit {
+			return nExp, true
+		}
+	}
+	return state, false
+}
+
+// textLevel is one level's text: the embedded value being read, if any, and the depth so far.
+type textLevel struct {
+	mode   uint8
+	esc    uint8 // in mString: 1 after '\\', 2 to 5 after "\\u" and esc-2 hex digits
+	num    uint8
+	key    bool
+	junk   bool  // something besides one complete embedded value and white space was read
+	values uint8 // embedded values started, up to 2
+	hex    uint16
+	lit    string // the rest of the literal
+	open   int    // arrays and objects of the embedded value open
+	base   int    // where the outermost one is in the stack
+	cur    int    // the depth the embedded value reached
+	depth  int    // the text's depth so far
+	br     int    // the last level: brackets open in a string
+	brMax  int    // and their deepest nesting
+}
+
+type textScanner struct {
+	lv     [textLevels]textLevel
+	active int       // the innermost level reading
+	pend   int       // levels in the middle of an escape
+	top    int       // arrays and objects open, all levels together
+	small  [4]uint64 // their kinds, one bit each (1: object), the first 256
+	spill  []uint64  // the rest
+}
+
+// reset starts a new text.
+func (s *textScanner) reset() {
+	s.active, s.pend, s.top = 0, 0, 0
+	s.lv[0] = textLevel{depth: 1}
+}
+
+// fast reports whether the characters other than '{', '[', '"', '\\' and control characters
+// leave the scanner as it is, so that a caller may skip them: the innermost level is outside
+// an embedded value (for level 0, after its first character other than white space, which
+// decides whether the text is one JSON value), and no level is in the middle of an escape.
+func (s *textScanner) fast() bool {
+	l := &s.lv[s.active]
+	return l.mode == mText && s.pend == 0 && (l.junk || s.active > 0)
+}
+
+func (s *textScanner) setKind(i int, obj bool) {
+	var w *uint64
+	if i < 256 {
+		w = &s.small[i>>6]
+	} else {
+		k := (i - 256) >> 6
+		for k >= len(s.spill) {
+			s.spill = append(s.spill, 0)
+		}
+		w = &s.spill[k]
+	}
+	if bit := uint64(1) << (i & 63); obj {
+		*w |= bit
+	} else {
+		*w &^= bit
+	}
+}
+
+// inObject reports whether the innermost open container is an object.
+func (s *textScanner) inObject() bool {
+	i := s.top - 1
+	w := s.small[(i&255)>>6]
+	if i >= 256 {
+		w = s.spill[(i-256)>>6]
+	}
+	return w>>(i&63)&1 == 1
+}
+
+// feed reads the next character of level 0's text.
+func (s *textScanner) feed(c byte) {
+	for j := 0; ; j++ {
+		l := &s.lv[j]
+		if l.mode != mString {
+			s.step(j, c)
+			return
+		}
+		// c is a character of a string of level j: decode it for level j+1.
+		switch l.esc {
+		case 0:
+			switch {
+			case c == '"':
+				l.cur = max(l.cur, l.open+s.inner(j))
+				if l.key {
+					l.mode = mColon
+				} else {
+					l.mode = mNext
+				}
+				return
+			case c == '\\':
+				l.esc = 1
+				s.pend++
+				return
+			case c < 0x20:
+				s.breakString(j, c)
+				return
+			}
+		case 1:
+			switch c {
+			case '"', '\\', '/':
+			case 'b':
+				c = '\b'
+			case 'f':
+				c = '\f'
+			case 'n':
+				c = '\n'
+			case 'r':
+				c = '\r'
+			case 't':
+				c = '\t'
+			case 'u':
+				l.esc, l.hex = 2, 0
+				return
+			default:
+				s.breakString(j, c)
+				return
+			}
+			l.esc = 0
+			s.pend--
+		default:
+			h := unhex(c)
+			if h < 0 {
+				s.breakString(j, c)
+				return
+			}
+			l.hex = l.hex<<4 | uint16(h)
+			if l.esc++; l.esc < 6 {
+				return
+			}
+			l.esc = 0
+			s.pend--
+			c = asciiOf(rune(l.hex))
+		}
+		if j == textLevels-1 {
+			switch c {
+			case '{', '[':
+				l.br++
+				l.brMax = max(l.brMax, l.br)
+			case '}', ']':
+				l.br = max(l.br-1, 0)
+			}
+			return
+		}
+	}
+}
+
+// asciiOf is the character a decoded rune reads as.
+func asciiOf(r rune) byte {
+	if r < 0x80 {
+		return byte(r)
+	}
+	return 0x80
+}
+
+// step reads c at level j, which is not in a string.
+func (s *textScanner) step(j int, c byte) {
+	l := &s.lv[j]
+	for {
+		switch l.mode {
+		case mText:
+			if c == '{' || c == '[' {
+				l.values = min(l.values+1, 2)
+				l.base, l.cur = s.top, 0
+				s.push(l, c)
+			} else if !isSpace(c) {
+				l.junk = true
+			}
+			return
+		case mFirst, mValue:
+			switch {
+			case isSpace(c):
+				return
+			case c == ']' && l.mode == mFirst:
+				s.pop(l)
+				return
+			case c == '{' || c == '[':
+				s.push(l, c)
+				return
+			case c == '"':
+				s.startString(j, false)
+				return
+			case c == '-' || (c >= '0' && c <= '9'):
+				l.cur = max(l.cur, l.open+1)
+				l.mode, l.num = mNumber, nInt
+				if c == '-' {
+					l.num = nMinus
+				} else if c == '0' {
+					l.num = nZero
+				}
+				return
+			case c == 't' || c == 'f' || c == 'n':
+				l.cur = max(l.cur, l.open+1)
+				l.mode = mLiteral
+				switch c {
+				case 't':
+					l.lit = "rue"
+				case 'f':
+					l.lit = "alse"
+				default:
+					l.lit = "ull"
+				}
+				return
+			}
+		case mKeyFirst, mKey:
+			switch {
+			case isSpace(c):
+				return
+			case c == '}' && l.mode == mKeyFirst:
+				s.pop(l)
+				return
+			case c == '"':
+				s.startString(j, true)
+				return
+			}
+		case mColon:
+			switch {
+			case isSpace(c):
+				return
+			case c == ':':
+				l.mode = mValue
+				return
+			}
+		case mNext:
+			if isSpace(c) {
+				return
+			}
+			obj := s.inObject()
+			switch {
+			case c == ',' && obj:
+				l.mode = mKey
+				return
+			case c == ',':
+				l.mode = mValue
+				return
+			case (c == '}' && obj) || (c == ']' && !obj):
+				s.pop(l)
+				return
+			}
+		case mNumber:
+			next, ok := numStep(l.num, c)
+			if ok {
+				l.num = next
+				return
+			}
+			if next == nZero || next == nInt || next == nFrac || next == nExp {
+				l.mode = mNext
+				continue // c follows the number
+			}
+		case mLiteral:
+			if c == l.lit[0] {
+				if l.lit = l.lit[1:]; l.lit == "" {
+					l.mode = mNext
+				}
+				return
+			}
+		}
+		// c cannot continue the embedded value: the value ends before it, and c is text.
+		s.fail(l)
+	}
+}
+
+// push opens an array or an object ('[' or '{').
+func (s *textScanner) push(l *textLevel, c byte) {
+	s.setKind(s.top, c == '{')
+	s.top++
+	l.open++
+	l.cur = max(l.cur, l.open)
+	if c == '{' {
+		l.mode = mKeyFirst
+	} else {
+		l.mode = mFirst
+	}
+}
+
+// pop closes the innermost array or object; closing the outermost completes the value.
+func (s *textScanner) pop(l *textLevel) {
+	s.top--
+	if l.open--; l.open > 0 {
+		l.mode = mNext
+		return
+	}
+	l.depth = max(l.depth, l.cur)
+	l.mode = mText
+}
+
+// fail ends the embedded value of l before the character at hand, which is not JSON there.
+func (s *textScanner) fail(l *textLevel) {
+	l.depth = max(l.depth, l.cur)
+	l.junk = true
+	s.top = l.base
+	l.open = 0
+	l.mode = mText
+}
+
+// startString starts a string at level j; its text is level j+1's.
+func (s *textScanner) startString(j int, key bool) {
+	l := &s.lv[j]
+	l.mode, l.key, l.esc = mString, key, 0
+	if j+1 < textLevels {
+		s.lv[j+1] = textLevel{depth: 1, base: s.top}
+		s.active = j + 1
+	} else {
+		l.br, l.brMax = 0, 0
+	}
+}
+
+// breakString ends a string of level j at c, which no JSON string holds there (a control
+// character, a bad escape): the string's text counts, the value ends, and c is text.
+func (s *textScanner) breakString(j int, c byte) {
+	l := &s.lv[j]
+	if l.esc != 0 {
+		l.esc = 0
+		s.pend--
+	}
+	l.cur = max(l.cur, l.open+s.inner(j))
+	s.fail(l)
+	s.step(j, c)
+}
+
+// inner ends the text of level j's string and returns its depth.
+func (s *textScanner) inner(j int) int {
+	if j+1 == textLevels {
+		return s.lv[j].brMax + 1
+	}
+	d, _ := s.endLevel(j + 1)
+	s.active = j
+	return d
+}
+
+// endLevel ends level j's text: an embedded value still open counts as far as it reached.
+func (s *textScanner) endLevel(j int) (depth int, whole bool) {
+	l := &s.lv[j]
+	if l.mode == mString {
+		if l.esc != 0 {
+			l.esc = 0
+			s.pend--
+		}
+		l.cur = max(l.cur, l.open+s.inner(j))
+	}
+	if l.mode != mText {
+		s.fail(l)
+	}
+	return l.depth, !l.junk && l.values == 1
+}
+
+// end ends the text and returns its depth (at least 1) and whether the whole text, but for
+// white space around it, is one JSON array or object.
+func (s *textScanner) end() (depth int, whole bool) { return s.endLevel(0) }
+
+// measure returns the depth of a JSON string's raw contents (see end).
+func (s *textScanner) measure(raw []byte) (depth int, whole bool) {
+	s.reset()
+	for i := 0; i < len(raw); {
+		if s.fast() {
+			if i = skipText(raw, i); i >= len(raw) {
+				break
+			}
+		}
+		if c := raw[i]; c != '\\' {
+			s.feed(c)
 			i++
 			continue
 		}
-		return c
+		r, n := decodeEscape(raw, i)
+		s.feed(asciiOf(r))
+		i = n
 	}
-	return 0
+	return s.end()
 }
 
-// embeddedDepth returns the depth of a string (raw contents): 1 for text, or the depth of
-// the JSON array or object the whole text is (isJSON then true).
-func embeddedDepth(raw []byte, esc bool, scratch *[]byte) (depth int, isJSON bool) {
-	if c := firstText(raw); c != '{' && c != '[' {
-		return 1, false
+// skipText returns the index of the first '{', '[' or '\\' in b from i (len(b) if none).
+func skipText(b []byte, i int) int {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	for i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		o := (x | lo*0x20) ^ (lo * '{') // '[' | 0x20 == '{'
+		e := x ^ (lo * '\\')
+		if ((o-lo)&^o|(e-lo)&^e)&hi != 0 {
+			break
+		}
+		i += 8
 	}
-	s := raw
-	if esc {
-		mark := len(*scratch)
-		*scratch = appendUnescape(*scratch, raw)
-		s = (*scratch)[mark:]
-		// Inner strings decode after s; s itself stays valid even if scratch grows.
-		defer func() { *scratch = (*scratch)[:mark] }()
+	for i < len(b) && class[b[i]]&clsOpen == 0 && b[i] != '\\' {
+		i++
 	}
-	end, d, msg := scanValue(s, 0, scratch)
-	if msg != "" || skipSpace(s, end) != len(s) {
-		return 1, false
-	}
-	return d, true
+	return i
 }
 
 // cur is a cursor for walking a JSON document with a known shape. The first syntax error
@@ -742,7 +1204,7 @@ func (c *cur) str() (raw []byte, esc bool, ok bool) {
 // strStats is str that also counts the decoded text into st.
 func (c *cur) strStats(st *textStats) (raw []byte, esc bool, ok bool) {
 	start := c.i
-	end, esc, msg := scanStringStats(c.b, c.i, st)
+	end, esc, msg := scanStringStats(c.b, c.i, st, nil)
 	if msg != "" {
 		c.fail(end, msg)
 		return nil, false, false
@@ -751,12 +1213,28 @@ func (c *cur) strStats(st *textStats) (raw []byte, esc bool, ok bool) {
 	return c.b[start+1 : end-1], esc, true
 }
 
+// strText is strStats that also measures the text's depth with ts: depth is at least 1,
+// whole reports that the text is one JSON array or object and white space (see
+// textScanner.end).
+func (c *cur) strText(st *textStats, ts *textScanner) (raw []byte, depth int, whole bool, ok bool) {
+	start := c.i
+	ts.reset()
+	end, _, msg := scanStringStats(c.b, c.i, st, ts)
+	if msg != "" {
+		c.fail(end, msg)
+		return nil, 0, false, false
+	}
+	c.i = end
+	depth, whole = ts.end()
+	return c.b[start+1 : end-1], depth, whole, true
+}
+
 // skip scans past the value at the cursor and returns its depth (see scanValue).
-func (c *cur) skip(scratch *[]byte) int {
+func (c *cur) skip(ts *textScanner) int {
 	if c.msg != "" {
 		return 0
 	}
-	end, d, msg := scanValue(c.b, c.i, scratch)
+	end, d, msg := scanValue(c.b, c.i, ts)
 	if msg != "" {
 		c.fail(end, msg)
 		return 0

@@ -28,6 +28,9 @@ func StreamErrorBody(data []byte) (status int, body []byte) {
 		Message   string          `json:"message"`
 		Code      json.RawMessage `json:"code"`
 		Param     json.RawMessage `json:"param"`
+		Response  struct {
+			Error json.RawMessage `json:"error"` // response.failed: {"code","message"}
+		} `json:"response"`
 	}
 	e := &Error{Status: http.StatusBadGateway, Type: "server_error", Message: "the model server reported an error in the stream"}
 	if json.Unmarshal(data, &v) != nil {
@@ -35,6 +38,9 @@ func StreamErrorBody(data []byte) (status int, body []byte) {
 	}
 	var code json.RawMessage
 	var param json.RawMessage
+	if len(v.Error) == 0 && len(v.Response.Error) > 0 && v.Response.Error[0] == '{' {
+		v.Error = v.Response.Error // a Responses response.failed event
+	}
 	switch {
 	case len(v.Error) > 0 && v.Error[0] == '{':
 		var inner struct {
@@ -75,11 +81,31 @@ func StreamErrorBody(data []byte) (status int, body []byte) {
 		}
 	}
 	if e.Status == http.StatusBadGateway {
-		if st := statusOfType(e.Type); st != 0 {
+		if st := statusOfCode(e.Code); st != 0 {
 			e.Status = st
+		} else if st := statusOfType(e.Type); st != 0 && e.Type != "server_error" {
+			e.Status = st // a type the server named (server_error is ours when it named none)
 		}
 	}
 	return e.Status, e.Body()
+}
+
+// statusOfCode is the status an OpenAI error code names (the Responses API sends codes, not
+// statuses), 0 when it names none.
+func statusOfCode(c string) int {
+	switch c = strings.ToLower(c); {
+	case c == "context_length_exceeded", strings.HasPrefix(c, "invalid_"), c == "unsupported_value", c == "missing_required_parameter":
+		return http.StatusBadRequest
+	case strings.HasPrefix(c, "rate_limit"), c == "insufficient_quota":
+		return http.StatusTooManyRequests
+	case c == "model_not_found", c == "previous_response_not_found":
+		return http.StatusNotFound
+	case c == "server_error", c == "internal_error":
+		return http.StatusInternalServerError
+	case c == "server_overloaded", c == "overloaded", c == "service_unavailable":
+		return http.StatusServiceUnavailable
+	}
+	return 0
 }
 
 // statusOfType is the status an error type names (Python exception names as vLLM uses

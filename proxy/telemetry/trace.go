@@ -57,6 +57,7 @@ func SetServerRequest(span trace.Span, r ServerRequest) {
 	}
 	attrs := make([]attribute.KeyValue, 0, 8)
 	attrs = append(attrs, keySluiceRoute.String(r.Route))
+	r.Model = boundModel(r.Model)
 	switch {
 	case r.Operation != "":
 		name := r.Operation
@@ -89,6 +90,7 @@ func (t *Telemetry) StartClient(ctx context.Context, operation, model, cluster, 
 	if !t.tracing {
 		return ctx, trace.SpanFromContext(ctx)
 	}
+	model = boundModel(model)
 	name := operation
 	switch {
 	case name == "":
@@ -178,4 +180,14 @@ func SetGenAIResult(span trace.Span, r RequestRecord) {
 	if r.ErrorClass != "" && !callerFault[r.ErrorClass] {
 		span.SetStatus(codes.Error, r.ErrorClass)
 	}
+}
+
+// maxModelAttr bounds a model name in span names and attributes: it may come from a client.
+const maxModelAttr = 256
+
+func boundModel(m string) string {
+	if len(m) > maxModelAttr {
+		return m[:maxModelAttr]
+	}
+	return m
 }

@@ -13,6 +13,9 @@ import (
 	"time"
 )
 
+// MaxResponseHeaderBytes bounds an upstream answer's headers.
+const MaxResponseHeaderBytes = 256 << 10
+
 // ErrNoHealthyEndpoint is returned by Pick when every endpoint of the cluster is unhealthy
 // by active health checks. The gateway maps it to 503.
 var ErrNoHealthyEndpoint = errors.New("upstream: no healthy endpoint")
@@ -436,6 +439,9 @@ func newTransport(o Options, anyTLS bool) (*http.Transport, transportKey, error)
 		MaxIdleConnsPerHost:   o.MaxIdleConnsPerHost,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: 1 * time.Second,
+		// A model server's headers are small; megabytes of them are a broken server, not
+		// an answer (Go's default would hold 10 MiB per attempt).
+		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
 	}
 	return t, key, nil
 }

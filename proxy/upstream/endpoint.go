@@ -50,6 +50,8 @@ type endpointState struct {
 
 	models   atomic.Pointer[[]Model] // what GET /v1/models last answered; nil: never fetched
 	modelsAt atomic.Int64            // when it was last asked (unix ns by the cluster's Clock); 0: never
+	// modelsFetch, guarded by mu, is closed when the fetch in flight ends (nil: none).
+	modelsFetch chan struct{}
 }
 
 func newEndpointState() *endpointState {

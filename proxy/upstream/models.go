@@ -33,6 +33,9 @@ const (
 	// ModelsInterval is how often the active health checks also ask an endpoint for its
 	// models.
 	ModelsInterval = 30 * time.Second
+	// modelsRetry is how soon an endpoint whose list could not be fetched is asked again
+	// (however many requests want it meanwhile).
+	modelsRetry = 5 * time.Second
 )
 
 // Models returns the models the cluster's endpoints advertise, each id once (the first
@@ -74,6 +77,20 @@ func (c *Cluster) MaxModelLen(model string) int {
 	return n
 }
 
+// HasModel reports whether an endpoint of the cluster advertises model. It allocates nothing.
+func (c *Cluster) HasModel(model string) bool {
+	for _, e := range c.endpoints {
+		if ms := e.st.models.Load(); ms != nil {
+			for i := range *ms {
+				if (*ms)[i].ID == model {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // Discovered reports whether any endpoint's models were fetched.
 func (c *Cluster) Discovered() bool {
 	for _, e := range c.endpoints {
@@ -90,22 +107,58 @@ func (c *Cluster) Discovered() bool {
 func (c *Cluster) RefreshModels(ctx context.Context) error {
 	var first error
 	for _, e := range c.endpoints {
-		if at := e.st.modelsAt.Load(); at != 0 && c.clock.Now().UnixNano()-at < int64(ModelsInterval) {
+		if !c.modelsDue(e) {
 			continue
 		}
-		if err := c.fetchModels(ctx, e); err != nil && first == nil {
+		if err := c.refresh(ctx, e); err != nil && first == nil {
 			first = err
 		}
 	}
 	return first
 }
 
+// modelsDue reports whether e's models should be asked for: never asked, or asked longer
+// than ModelsInterval ago (a failed ask counts as made modelsRetry before the interval ends).
+func (c *Cluster) modelsDue(e *Endpoint) bool {
+	at := e.st.modelsAt.Load()
+	return at == 0 || c.clock.Now().UnixNano()-at >= int64(ModelsInterval)
+}
+
+// refresh fetches e's models, once for all callers: a caller arriving while a fetch is in
+// flight waits for it (or for its ctx) instead of sending another.
+func (c *Cluster) refresh(ctx context.Context, e *Endpoint) error {
+	s := e.st
+	s.mu.Lock()
+	if ch := s.modelsFetch; ch != nil {
+		s.mu.Unlock()
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	ch := make(chan struct{})
+	s.modelsFetch = ch
+	s.mu.Unlock()
+	err := c.fetchModels(ctx, e)
+	if err != nil && ctx.Err() == nil {
+		// Not again for modelsRetry, however many requests want it.
+		s.modelsAt.Store(c.clock.Now().UnixNano() - int64(ModelsInterval) + int64(modelsRetry))
+	}
+	s.mu.Lock()
+	s.modelsFetch = nil
+	s.mu.Unlock()
+	close(ch)
+	return err
+}
+
 // maybeFetchModels fetches e's models when they are due (from the health loop).
 func (c *Cluster) maybeFetchModels(ctx context.Context, e *Endpoint) {
-	if at := e.st.modelsAt.Load(); at != 0 && c.clock.Now().UnixNano()-at < int64(ModelsInterval) {
+	if !c.modelsDue(e) {
 		return
 	}
-	if err := c.fetchModels(ctx, e); err != nil && ctx.Err() == nil {
+	if err := c.refresh(ctx, e); err != nil && ctx.Err() == nil {
 		c.log.Debug("upstream: model discovery failed", "endpoint", e.raw, "error", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,5 +151,41 @@ func TestModelDiscovery(t *testing.T) {
 	}
 	if err := c2.RefreshModels(t.Context()); err != nil || n4.Load() != 1 {
 		t.Errorf("a fresh list was asked again (%d)", n4.Load())
+	}
+}
+
+// TestModelDiscoveryOnce: however many requests want an endpoint's models at once, one
+// fetch is sent; a failed one is not repeated for modelsRetry.
+func TestModelDiscoveryOnce(t *testing.T) {
+	var asked atomic.Int64
+	release := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		<-release
+		w.WriteHeader(http.StatusInternalServerError) // a server busy for a moment
+	}))
+	t.Cleanup(ts.Close)
+	clock := newFakeClock()
+	c := newTestCluster(t, Options{Endpoints: []EndpointSpec{{URL: ts.URL}}, DiscoverModels: true, Clock: clock})
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() { _ = c.RefreshModels(t.Context()) })
+	}
+	waitFor(t, "the one fetch", func() bool { return asked.Load() == 1 })
+	close(release)
+	wg.Wait()
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("20 concurrent refreshes sent %d fetches, want 1", n)
+	}
+	for range 5 {
+		_ = c.RefreshModels(t.Context())
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("a failed fetch was repeated at once (%d)", n)
+	}
+	clock.Advance(modelsRetry + time.Second)
+	_ = c.RefreshModels(t.Context())
+	if n := asked.Load(); n != 2 {
+		t.Errorf("after modelsRetry: %d fetches, want 2", n)
 	}
 }

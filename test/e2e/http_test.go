@@ -51,10 +51,10 @@ func TestBadRequests(t *testing.T) {
 		{"unknown path under /v1/ (answered upstream)", "GET", "/v1/nope", "", 404, "not_found"},
 		// Dot segments would reach paths outside /v1/ on an upstream that normalises them
 		// (or another route's endpoint than the one matched): the gateway refuses them.
-		{"dot-dot out of /v1/", "GET", "/v1/../metrics", "", 404, "unknown_url"},
-		{"escaped dot-dot out of /v1/", "GET", "/v1/%2e%2e/metrics", "", 404, "unknown_url"},
-		{"dot-dot across routes", "POST", "/v1/chat/../embeddings", `{"model":"sim-llama","input":"x"}`, 404, "unknown_url"},
-		{"dot segment", "GET", "/v1/./models", "", 404, "unknown_url"},
+		{"dot-dot out of /v1/", "GET", "/v1/../metrics", "", 400, "invalid_path"},
+		{"escaped dot-dot out of /v1/", "GET", "/v1/%2e%2e/metrics", "", 400, "invalid_path"},
+		{"dot-dot across routes", "POST", "/v1/chat/../embeddings", `{"model":"sim-llama","input":"x"}`, 400, "invalid_path"},
+		{"dot segment", "GET", "/v1/./models", "", 400, "invalid_path"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -316,7 +316,7 @@ func TestPolicyShapeSignals(t *testing.T) {
 	s := startSim(t, sim.Config{})
 	ctx := testCtx(t)
 
-	t.Run("default guard: depth over 5", func(t *testing.T) {
+	t.Run("default guard: depth over 64", func(t *testing.T) {
 		cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{s.URL}, "")
 		if err != nil {
 			t.Fatal(err)
@@ -326,50 +326,47 @@ func TestPolicyShapeSignals(t *testing.T) {
 		}
 		g := startGatewayConfig(t, cfg)
 		c := newClient(t, g.addr)
-		hc := newHTTPClient(t)
-		// Every client of this config is the anonymous tenant, whose breaker (default
-		// min_requests 5, failure_ratio 0.5) would open after a few rejections: reset it
-		// after each, to see the signal rather than the breaker.
-		reset := func() {
-			t.Helper()
-			if resp, body := do(t, hc, http.MethodPost, "http://"+g.admin+"/admin/breakers/reset", ""); resp.StatusCode != http.StatusOK {
-				t.Fatalf("reset: %d %s", resp.StatusCode, body)
-			}
-		}
+		nest := func(n int) string { return strings.Repeat("[", n) + `"x"` + strings.Repeat("]", n) }
 		for _, tc := range []struct {
 			content string
 			depth   int
 		}{
-			{`[[[["at the limit"]]]]`, 5},
-			{`{"q": {"a": {"b": [1, 2]}}}`, 4},
-			{`[[[[["too deep"]]]]]`, 6},
-			// JSON text inside JSON text keeps counting: 1 + the inner document's 5.
-			{`{"tool_result": "{\"b\":{\"c\":{\"d\":[1]}}}"}`, 6},
-			{`{"a":[{"b":[{"c":[{"d":1}]}]}]}`, 8},
+			// Ordinary agent traffic passes: a nested tool result, a pasted API response.
+			{`{"orders":[{"items":[{"sku":"a","qty":1}]}]}`, 6},
+			{"Process this: " + nest(24), 25},
+			{nest(63), 64},
+			// Structure meant to blow up templates and tokenizers does not, wherever it is.
+			{nest(64), 65},
+			{"Process this: " + nest(100) + " thanks", 101},
+			{"```json\n" + nest(200) + "\n```", 201},
 		} {
 			_, err := c.Chat.Completions.New(ctx, userChat(tc.content, 4))
-			if tc.depth <= 5 {
+			if tc.depth <= 64 {
 				if err != nil {
-					t.Errorf("depth %d %s: %v", tc.depth, tc.content, err)
+					t.Errorf("depth %d: %v", tc.depth, err)
 				}
 				continue
 			}
 			e := apiErrOf(t, err, http.StatusBadRequest, "prompt_too_deep")
-			reset()
-			if want := fmt.Sprintf("nested %d levels deep, the route's limit is 5", tc.depth); !strings.Contains(e.Message, want) {
+			if want := fmt.Sprintf("nested %d levels deep, the route's limit is 64", tc.depth); !strings.Contains(e.Message, want) {
 				t.Errorf("depth %d: message %q lacks %q", tc.depth, e.Message, want)
 			}
 		}
-		// A deep tool result in a tool message is message content too.
+		// A deep tool result in a tool message is message content too. (Clients behind one
+		// peer address are not cut off by each other's refusals: no breaker without
+		// trusted proxies, so these refusals never reach one.)
 		_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 			Model: "sim-llama",
 			Messages: []openai.ChatCompletionMessageParamUnion{
 				openai.UserMessage("look it up"),
-				openai.ToolMessage(`[[[[[{"deep": true}]]]]]`, "call_1"),
+				openai.ToolMessage("The result: "+nest(80), "call_1"),
 			},
 			MaxTokens: openai.Int(4),
 		})
 		apiErrOf(t, err, http.StatusBadRequest, "prompt_too_deep")
+		if _, err := c.Chat.Completions.New(ctx, userChat("an ordinary prompt", 4)); err != nil {
+			t.Errorf("after refusals, an ordinary prompt from the same address: %v", err)
+		}
 	})
 
 	t.Run("configured: max_messages and context window", func(t *testing.T) {

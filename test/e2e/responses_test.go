@@ -210,3 +210,57 @@ func TestResponsesFollowUpsGoHome(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesFailedStream: a Responses stream that the server ends with response.failed
+// after tokens reaches the client with that event (its own words, once), is counted as a
+// failure, and its answer is not remembered as stored.
+func TestResponsesFailedStream(t *testing.T) {
+	ev := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	primary := startScripted(t,
+		ev("response.created", `{"type":"response.created","sequence_number":0,"response":{"id":"resp_f","status":"in_progress","output":[]}}`),
+		ev("response.output_text.delta", `{"type":"response.output_text.delta","sequence_number":1,"item_id":"m","output_index":0,"content_index":0,"delta":"Hello"}`),
+		ev("response.failed", `{"type":"response.failed","sequence_number":2,"response":{"id":"resp_f","status":"failed","error":{"code":"server_error","message":"engine died"},"output":[]}}`))
+	g := startGateway(t, routingConfig("  - {name: chat, cluster: primary}\n", "primary", primary.URL))
+	hc := newHTTPClient(t)
+	resp, raw := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/responses", `{"model":"sim-llama","input":"hi","stream":true}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, raw)
+	}
+	evs := parseSSE(raw)
+	if last := evs[len(evs)-1]; last.name != "response.failed" || strings.Count(string(raw), "engine died") != 1 || strings.Contains(string(raw), "event: error") {
+		t.Errorf("the failed stream ends with %q:\n%s", last.name, raw)
+	}
+	if v := metricValue(t, hc, g.admin, "sluice_requests_total", `error_type="stream_error"`); v != 1 {
+		t.Errorf("a failed Responses stream counted %v times as stream_error, want 1 (a success otherwise)", v)
+	}
+}
+
+// TestResponsesFollowUpHomeSplit: a follow-up goes to the split that made the stored answer
+// with that split's model rewrite, even when the follow-up itself would take another split.
+func TestResponsesFollowUpHomeSplit(t *testing.T) {
+	a, b := startSim(t, sim.Config{Model: "m"}), startSim(t, sim.Config{Model: "canary"})
+	g := startGateway(t, routingConfig(`  - name: chat
+    splits: [{cluster: a, weight: 100}, {cluster: b, weight: 0, gray_flag: v2, model: canary}]
+`, "a", a.URL, "b", b.URL))
+	client := newClient(t, g.addr)
+	ctx := testCtx(t)
+	p := responsesParams("hello", 4)
+	p.Model = "m"
+	first, err := client.Responses.New(ctx, p, option.WithHeader("X-Gray-Flag", "v2"))
+	if err != nil {
+		t.Fatalf("flagged request: %v", err)
+	}
+	if first.Model != "canary" {
+		t.Fatalf("flagged request served by model %q, want canary", first.Model)
+	}
+	p = responsesParams("and then?", 4)
+	p.Model = "m"
+	p.PreviousResponseID = openai.String(first.ID)
+	next, err := client.Responses.New(ctx, p)
+	if err != nil {
+		t.Fatalf("follow-up without the flag: %v: it must reach split b with its rewrite", err)
+	}
+	if next.Model != "canary" {
+		t.Fatalf("follow-up served by model %q, want canary", next.Model)
+	}
+}

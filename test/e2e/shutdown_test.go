@@ -30,6 +30,7 @@ func TestShutdownInProcess(t *testing.T) {
 		ch := make(chan answer, 1)
 		go func() {
 			req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
 			for i := 0; i+1 < len(hdr); i += 2 {
 				req.Header.Set(hdr[i], hdr[i+1])
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 
@@ -221,4 +222,57 @@ func TestUpstreamStreamError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestResumeEdges: a resumed stream always ends the way its last server ended it — with that
+// server's finish and [DONE] even when it finishes at once, with one error when it errs too,
+// and with an in-band error (never silently) when no candidate is left to try.
+func TestResumeEdges(t *testing.T) {
+	vllmErr := `data: {"error":{"message":"engine died","type":"InternalServerError","param":null,"code":500}}` + "\n\n"
+	head := []string{chunk(`{"role":"assistant","content":""}`, ""), chunk(`{"content":"Hello"}`, "")}
+	route := func(primary, backup string) string {
+		return routingConfig(`  - name: chat
+    cluster: primary
+    fallback: [{cluster: backup}]
+    resume: true
+`, "primary", primary, "backup", backup)
+	}
+	hc := newHTTPClient(t)
+	t.Run("continuation finishes at once", func(t *testing.T) {
+		primary := startScripted(t, append(append([]string{}, head...), vllmErr)...)
+		backup := startScripted(t, chunk(`{"role":"assistant","content":""}`, ""), chunk(`{"content":""}`, "stop"), "data: [DONE]\n\n")
+		g := startGateway(t, route(primary.URL, backup.URL))
+		_, raw := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/chat/completions", streamBody)
+		if !strings.Contains(string(raw), `"finish_reason":"stop"`) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") || strings.Contains(string(raw), "error") {
+			t.Errorf("a continuation that finished at once lost its finish or [DONE]:\n%s", raw)
+		}
+	})
+	t.Run("continuation errs too", func(t *testing.T) {
+		primary := startScripted(t, append(append([]string{}, head...), vllmErr)...)
+		backup := startScripted(t, chunk(`{"role":"assistant","content":""}`, ""), chunk(`{"content":" world"}`, ""), vllmErr, "data: [DONE]\n\n")
+		g := startGateway(t, route(primary.URL, backup.URL))
+		_, raw := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/chat/completions", streamBody)
+		if n := strings.Count(string(raw), `"error"`); n != 1 {
+			t.Errorf("%d errors, want the second server's one:\n%s", n, raw)
+		}
+		if v := metricValue(t, hc, g.admin, "sluice_requests_total", `error_type="stream_error"`); v != 1 {
+			t.Errorf("the resumed stream that erred again counted %v times as stream_error, want 1", v)
+		}
+	})
+	t.Run("no candidate left", func(t *testing.T) {
+		primary := startScripted(t, head...) // cut after "Hello"
+		dead := startRoutingUpstream(t, sim.Config{NoHealth: true}, -1)
+		g := startGateway(t, "listen: 127.0.0.1:0\nadmin: {listen: 127.0.0.1:0}\nclusters:\n"+
+			routingCluster("primary", primary.URL)+
+			"  - {name: backup, endpoints: [{url: "+dead.URL+"}], health_check: {path: /health, interval: 10ms, unhealthy_threshold: 1}}\n"+
+			"routes:\n  - name: chat\n    cluster: primary\n    fallback: [{cluster: backup}]\n    resume: true\n")
+		eventually(t, 5*time.Second, "the backup unhealthy", func() bool {
+			_, b := do(t, hc, http.MethodGet, "http://"+g.admin+"/admin/endpoints", "")
+			return strings.Contains(strings.ReplaceAll(string(b), " ", ""), `"healthy":false`)
+		})
+		_, raw := do(t, hc, http.MethodPost, "http://"+g.addr+"/v1/chat/completions", streamBody)
+		if !strings.Contains(string(raw), "Hello") || !strings.Contains(string(raw), "event: error") {
+			t.Errorf("a stream whose resume found no candidate ended without an error:\n%s", raw)
+		}
+	})
 }

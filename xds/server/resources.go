@@ -88,8 +88,9 @@ func Resources(c *config.Config, routeConfig string) (map[resource.Type][]types.
 	chaos, shadowCfg := c.Chaos, c.Shadow
 	chaos.Enabled, shadowCfg.Store = false, ""
 	g := xds.GlobalPolicy{
-		MaxBodyBytes: c.MaxBodyBytes, MaxEventBytes: c.MaxEventBytes, DrainTimeout: c.DrainTimeout,
+		MaxBodyBytes: c.MaxBodyBytes, MaxEventBytes: c.MaxEventBytes, DrainTimeout: c.DrainTimeout, DrainDelay: c.DrainDelay,
 		Timeouts: c.Timeouts, Chaos: chaos, Tenants: c.Tenants, Shadow: shadowCfg,
+		TrustedProxies: c.TrustedProxies, Limits: c.Limits, CORS: c.CORS,
 	}
 	ts, err := xds.NewTypedStruct(xds.GlobalPolicyTypeURL, g)
 	if err != nil {

@@ -1,0 +1,58 @@
+package proxy
+
+import (
+	"net/http"
+	"testing"
+)
+
+func TestClientOf(t *testing.T) {
+	lb := newTrust([]string{"10.0.0.0/8", "::1"})
+	for _, tc := range []struct {
+		name   string
+		trust  trust
+		peer   string
+		xff    []string
+		fwd    string
+		client string
+		known  bool
+	}{
+		{"no trusted proxies: the peer, not known", nil, "10.1.1.1:5000", []string{"1.2.3.4"}, "", "10.1.1.1", false},
+		{"untrusted peer: itself", lb, "192.0.2.7:5000", []string{"1.2.3.4"}, "", "192.0.2.7", true},
+		{"trusted peer: rightmost untrusted", lb, "10.0.0.1:5000", []string{"6.6.6.6, 1.2.3.4"}, "", "1.2.3.4", true},
+		{"chain of trusted proxies", lb, "10.0.0.1:5000", []string{"1.2.3.4", "10.0.0.9"}, "", "1.2.3.4", true},
+		{"a client forges the left", lb, "10.0.0.1:5000", []string{"10.0.0.5, 198.51.100.1, 10.0.0.2"}, "", "198.51.100.1", true},
+		{"garbage left of the proxies", lb, "10.0.0.1:5000", []string{"not-an-ip, 10.0.0.3"}, "", "10.0.0.3", true},
+		{"IPv6 peer and ports", lb, "[::1]:7000", []string{"[2001:db8::17]:4711"}, "", "2001:db8::17", true},
+		{"Forwarded when no X-Forwarded-For", lb, "10.0.0.1:5000", nil, `for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711"`, "2001:db8:cafe::17", true},
+		{"trusted, nothing forwarded", lb, "10.0.0.1:5000", nil, "", "10.0.0.1", true},
+		{"v4-mapped peer", lb, "[::ffff:10.0.0.1]:5000", []string{"1.2.3.4"}, "", "1.2.3.4", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &http.Request{RemoteAddr: tc.peer, Header: http.Header{}}
+			for _, v := range tc.xff {
+				r.Header.Add("X-Forwarded-For", v)
+			}
+			if tc.fwd != "" {
+				r.Header.Set("Forwarded", tc.fwd)
+			}
+			c, known := tc.trust.clientOf(r)
+			if c != tc.client || known != tc.known {
+				t.Errorf("clientOf = %q %v, want %q %v", c, known, tc.client, tc.known)
+			}
+		})
+	}
+}
+
+func FuzzClientOf(f *testing.F) {
+	for _, s := range []string{"1.2.3.4", "10.0.0.1, 1.2.3.4", "[::1]:1", "", ",,,", "for=x;by=y"} {
+		f.Add(s, s)
+	}
+	lb := newTrust([]string{"10.0.0.0/8"})
+	f.Fuzz(func(t *testing.T, xff, fwd string) {
+		r := &http.Request{RemoteAddr: "10.0.0.1:1", Header: http.Header{"X-Forwarded-For": {xff}, "Forwarded": {fwd}}}
+		c, known := lb.clientOf(r)
+		if !known || c == "" || len(c) > 64 {
+			t.Fatalf("clientOf(%q, %q) = %q %v", xff, fwd, c, known)
+		}
+	})
+}
