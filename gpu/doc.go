@@ -1,7 +1,8 @@
 // Package gpu provides the load signals that endpoint picking uses: what the local GPUs report
 // through NVML, and what each model server reports on its Prometheus /metrics page.
 //
-//	Source    local devices: NVML (cgo && linux builds, stub elsewhere) or Fake
+//	Source    local devices: NVML (builds with the nvml tag, cgo and linux; a stub in the
+//	          default static build) or Fake
 //	Scraper   polls each endpoint's metrics URL, keeps the last good Load per endpoint
 //	Loads     Get(endpoint) (Load, bool): the hot-path read, fresh signals only
 //

@@ -1,4 +1,4 @@
-//go:build cgo && linux
+//go:build nvml && cgo && linux
 
 package gpu
 

@@ -1,4 +1,4 @@
-//go:build !(cgo && linux)
+//go:build !(nvml && cgo && linux)
 
 package gpu
 
@@ -7,7 +7,8 @@ import (
 	"fmt"
 )
 
-// NVML is the NVML Source. This build has no cgo or is not Linux, so it is always
+// NVML is the NVML Source. This build has no NVML (the default build: pure Go, static; the
+// "nvml" build tag with cgo on Linux has it, see deploy/README.md), so it is always
 // unavailable.
 type NVML struct{ err error }
 
@@ -16,7 +17,7 @@ var _ Source = (*NVML)(nil)
 // NewNVML returns an error wrapping ErrUnavailable, together with a usable *NVML whose
 // Devices returns that error.
 func NewNVML() (*NVML, error) {
-	n := &NVML{err: fmt.Errorf("%w: built without NVML support (needs cgo on linux)", ErrUnavailable)}
+	n := &NVML{err: fmt.Errorf("%w: this build has no NVML (the static sluice build; use the sluice-gpu image, or build with -tags nvml and cgo on linux)", ErrUnavailable)}
 	return n, n.err
 }
 

@@ -17,7 +17,9 @@ import (
 //
 //	GET /healthz          liveness: 200 while the process serves
 //	GET /readyz           readiness: 200 once listening with a config, 503 while draining
-//	GET /metrics          Prometheus exposition (OTel instruments, GenAI semconv)
+//	                      or while a cluster of admin.ready_clusters has no healthy endpoint
+//	GET /metrics          Prometheus exposition (OTel instruments, GenAI semconv), behind
+//	                      the metrics token when admin.metrics_token_env is set
 //	GET /admin/config     the effective config as JSON, secrets redacted
 //	GET /admin/endpoints  every cluster's endpoints: health, ejection, in-flight
 //	POST /admin/reload    re-read the config file (same as SIGHUP)
@@ -33,14 +35,14 @@ func (s *Server) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !s.ready.Load() || s.draining.Load() {
+		if why := s.notReady(); why != "" {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte("not ready\n"))
+			_, _ = w.Write([]byte("not ready: " + why + "\n"))
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.Handle("GET /metrics", s.tel.Handler())
+	mux.Handle("GET /metrics", s.scrapeAuthorized(s.tel.Handler()))
 	mux.Handle("GET /admin/config", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, s.Config())
 	}))
@@ -74,6 +76,48 @@ func (s *Server) adminHandler() http.Handler {
 	mux.Handle("GET /debug/pprof/symbol", s.authorized(pprof.Symbol))
 	mux.Handle("GET /debug/pprof/trace", s.authorized(pprof.Trace))
 	return mux
+}
+
+// notReady says why /readyz is 503 ("" when ready): no config yet, draining, or a cluster
+// of admin.ready_clusters without a healthy endpoint.
+func (s *Server) notReady() string {
+	switch {
+	case s.draining.Load():
+		return "draining"
+	case !s.ready.Load():
+		return "no config yet"
+	}
+	st := s.state.Load()
+	for _, name := range st.snap.Config.Admin.ReadyClusters {
+		if cl := st.clusters[name]; cl != nil && !cl.Ready() {
+			return "cluster " + name + " has no healthy endpoint"
+		}
+	}
+	return ""
+}
+
+// scrapeAuthorized requires the metrics token (or the admin token) on /metrics when
+// admin.metrics_token_env is set.
+func (s *Server) scrapeAuthorized(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := s.Config()
+		if c.Admin.MetricsTokenEnv == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if ok && got != "" {
+			for _, env := range []string{c.Admin.MetricsTokenEnv, c.Admin.TokenEnv} {
+				if token := os.Getenv(env); token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+					next.ServeHTTP(w, r)
+					return
+				}
+			}
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-metrics"`)
+		openai.WriteError(w, openai.NewError(http.StatusUnauthorized, "authentication_error", "invalid_metrics_token",
+			"/metrics: missing or wrong bearer token (set via "+c.Admin.MetricsTokenEnv+")"))
+	})
 }
 
 // authorized requires the admin bearer token when one is configured.

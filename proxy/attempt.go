@@ -81,11 +81,12 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		}
 		*attempts++
 		resumed := ex.committed
+		ex.giveBack(&h.srv.buffers) // the answer held from the attempt before is dropped now
 		*res = h.attempt(ctx, ex, limitsOf(rt, rtr, cand), cand, cl, ep, *attempts)
 		code := res.errorCode()
 		failed, excluded := rtr.Verdict(res.class, res.status, code)
 		done(failed, excluded)
-		if res.class != "" && res.class != classClientCancel {
+		if res.class != "" && res.class != classClientCancel && res.class != classBodyTimeout {
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, res.class)
 		}
 		if resumed && res.inband == nil && res.class != "" && res.class != classClientCancel {
@@ -323,6 +324,17 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	at := ex.inj.Attempt(cand.Cluster)
 	resp, err := roundTrip(actx, at, cl, out)
 	res.wait += time.Since(sent)
+	if ex.bodyTimedOut() {
+		// A pass-through body the client did not send in time: the client's failure, not
+		// the model server's (whatever the transport made of the cut body, or the server of
+		// the part it got), and it cannot be sent again.
+		if resp != nil {
+			resp.Body.Close()
+		}
+		res.err = bodyTimeout(ex.w, h.srv.state.Load().snap.Config.Timeouts.Body.D())
+		res.status, res.class = res.err.Status, classBodyTimeout
+		return res
+	}
 	if err != nil {
 		res.class = transportClass(actx)
 		if res.class == classConnect && protocolFailure(err) {

@@ -25,6 +25,7 @@ func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *conf
 		rec := &bufferWriter{header: http.Header{}}
 		sub := &exchange{w: rec, r: ex.r.WithContext(sctx), id: ex.id, start: time.Now(), preq: preq, contBody: merged}
 		res := h.forward(sctx, sub, st, rt, plan)
+		sub.giveBack(&h.srv.buffers) // the answer is in rec now
 		if !sub.committed && res.err != nil {
 			return 0, nil, nil, res.err
 		}

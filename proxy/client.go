@@ -42,6 +42,11 @@ const maxForwardedHops = 32
 // addresses are read right to left (X-Forwarded-For, else Forwarded's for=) and the first
 // that is not a trusted proxy is the client; known is true. A client cannot forge its way
 // past a trusted proxy: each appends the address it saw.
+//
+// A proxy appends to one of the two headers and passes the other through as the client sent
+// it. When a request has both and their last entries name different addresses, a client
+// wrote one of them and which one cannot be told: neither is believed, and the client is
+// unknown ("", known false: nothing per client applies to it, no allowed network matches it).
 func (t trust) clientOf(r *http.Request) (client string, known bool) {
 	peer := peerAddr(r.RemoteAddr)
 	if len(t) == 0 {
@@ -49,6 +54,9 @@ func (t trust) clientOf(r *http.Request) (client string, known bool) {
 	}
 	if !peer.IsValid() || !t.contains(peer) {
 		return peer.String(), true
+	}
+	if !forwardedAgree(r.Header) {
+		return "", false
 	}
 	hops := forwardedHops(r.Header)
 	client = peer.String()
@@ -78,20 +86,45 @@ func peerAddr(remote string) netip.Addr {
 	return a.Unmap()
 }
 
+// forwardedAgree reports whether X-Forwarded-For and Forwarded, when a request has both, end
+// with the same address (what the trusted peer appended to each, or to one while the client
+// wrote the other to match it).
+func forwardedAgree(h http.Header) bool {
+	if len(h.Values("X-Forwarded-For")) == 0 || len(h.Values("Forwarded")) == 0 {
+		return true
+	}
+	x, f := xffHops(h), forwardedFor(h)
+	if len(x) == 0 || len(f) == 0 {
+		return len(x) == len(f)
+	}
+	a, okA := parseHop(x[len(x)-1])
+	b, okB := parseHop(f[len(f)-1])
+	return okA && okB && a == b
+}
+
 // forwardedHops lists the forwarded client addresses, leftmost first: every X-Forwarded-For
 // value, else the for= parameters of Forwarded (RFC 7239).
 func forwardedHops(h http.Header) []string {
+	if len(h.Values("X-Forwarded-For")) > 0 {
+		return xffHops(h)
+	}
+	return forwardedFor(h)
+}
+
+func xffHops(h http.Header) []string {
 	var out []string
-	if xs := h.Values("X-Forwarded-For"); len(xs) > 0 {
-		for _, v := range xs {
-			for _, f := range strings.Split(v, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					out = append(out, f)
-				}
+	for _, v := range h.Values("X-Forwarded-For") {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
 			}
 		}
-		return out
 	}
+	return out
+}
+
+func forwardedFor(h http.Header) []string {
+	var out []string
 	for _, v := range h.Values("Forwarded") {
 		for _, elem := range strings.Split(v, ",") {
 			for _, pair := range strings.Split(elem, ";") {

@@ -12,6 +12,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
@@ -45,16 +47,23 @@ type exchange struct {
 	streamID []byte           // the first stream's chunk id (raw JSON), kept by the resumed one
 	home     string           // the endpoint holding the stored answer the request refers to ("": none)
 
-	corsOrigin string        // the request's Origin when cors allows it
-	held       int64         // bytes of the answer buffers this request holds (given back at the end)
-	body       *bodyDeadline // the body under the body time-out, nil when none
+	corsOrigin string          // the request's Origin when cors allows it
+	held       int64           // bytes of the answer buffers this request holds (given back at the end)
+	body       *bodyDeadline   // the body under the body time-out, nil when none
+	write      *deadlineWriter // the write time-out on the client's writer (under any chaos wrapper), nil when none
 }
 
 func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *exchange {
 	ex := &exchange{r: r, start: time.Now()}
 	ex.rc = http.NewResponseController(w)
 	if write > 0 {
-		w = &deadlineWriter{ResponseWriter: w, rc: ex.rc, d: write}
+		ex.write = &deadlineWriter{ResponseWriter: w, rc: ex.rc, d: write, h2: r.ProtoMajor == 2}
+		if !ex.write.h2 {
+			// Every write on the connection is bounded from the request's start: the
+			// server's own (100 Continue, its flush after the handler returns) included.
+			ex.write.push(ex.start)
+		}
+		w = ex.write
 	}
 	ex.w = w
 	ex.flusher, _ = w.(http.Flusher)
@@ -68,79 +77,172 @@ func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *e
 
 // deadlineWriter bounds each write to the client by the write time-out: a client that stops
 // reading (or reads a byte a second) fails the write, which ends the request and releases
-// its upstream. The deadline is pushed forward at most once a second, so it costs a clock
-// read per write.
+// its upstream.
+//
+// HTTP/1: the connection's deadline bounds only the writes made while it runs, so it is
+// pushed forward at most every quarter of the time-out (and at most once a second): a clock
+// read per write, and a write has at least three quarters of the time-out.
+//
+// HTTP/2: a stream's deadline is a timer that resets the stream when it fires, writing or
+// not, which would cut a stream waiting on its model server. Each write arms a timer of its
+// own instead, stopped when the write returns; when it fires, the stream is reset at once.
+// A connection that takes no bytes at all (a client that stops reading the TCP connection,
+// where no reset can be written) is closed by the server's HTTP/2 WriteByteTimeout.
 type deadlineWriter struct {
 	http.ResponseWriter
 	rc  *http.ResponseController
 	d   time.Duration
-	set time.Time // when the deadline was last pushed forward
+	set time.Time // HTTP/1: when the deadline was last pushed forward
+
+	h2      bool
+	t       *time.Timer // HTTP/2: armed while a write runs
+	mu      sync.Mutex  // HTTP/2: orders the timer's reset with the end of the request
+	ended   bool
+	expired atomic.Bool // HTTP/2: the timer fired and reset the stream
 }
 
-func (w *deadlineWriter) refresh() {
-	if now := time.Now(); now.Sub(w.set) >= time.Second {
-		_ = w.rc.SetWriteDeadline(now.Add(w.d))
-		w.set = now
+// push sets the deadline to now plus the time-out.
+func (w *deadlineWriter) push(now time.Time) {
+	_ = w.rc.SetWriteDeadline(now.Add(w.d))
+	w.set = now
+}
+
+// begin bounds the write that starts now.
+func (w *deadlineWriter) begin() time.Time {
+	now := time.Now()
+	switch {
+	case !w.h2:
+		if now.Sub(w.set) >= min(time.Second, w.d/4) {
+			w.push(now)
+		}
+	case w.t == nil:
+		w.t = time.AfterFunc(w.d, w.expire)
+	default:
+		w.t.Reset(w.d)
 	}
+	return now
+}
+
+// end is the write's end: a write that failed after the client held it up (the time-out
+// fired on it, or it waited half of it) failed because the client stopped reading, whatever
+// error the connection reports.
+func (w *deadlineWriter) end(start time.Time, err error) error {
+	if w.h2 {
+		w.t.Stop()
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && (w.expired.Load() || time.Since(start) >= w.d/2) {
+		err = fmt.Errorf("%w: %w", os.ErrDeadlineExceeded, err)
+	}
+	return err
+}
+
+// expire resets the HTTP/2 stream whose write outlasted the time-out.
+func (w *deadlineWriter) expire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return
+	}
+	w.expired.Store(true)
+	_ = w.rc.SetWriteDeadline(time.Unix(1, 0)) // in the past: the stream is reset now
+}
+
+// finish bounds what the server writes after the handler returns (the rest of the answer).
+func (w *deadlineWriter) finish() {
+	if w.h2 {
+		w.mu.Lock()
+		w.ended = true
+		w.mu.Unlock()
+		if w.t != nil {
+			w.t.Stop()
+		}
+		if w.expired.Load() {
+			return // reset already
+		}
+	}
+	// HTTP/1: the connection's deadline; HTTP/2: the stream's own timer, which the server
+	// stops when the stream ends.
+	w.push(time.Now())
 }
 
 func (w *deadlineWriter) Write(p []byte) (int, error) {
-	w.refresh()
-	return w.ResponseWriter.Write(p)
+	start := w.begin()
+	n, err := w.ResponseWriter.Write(p)
+	return n, w.end(start, err)
 }
 
 func (w *deadlineWriter) WriteHeader(code int) {
-	w.refresh()
+	start := w.begin()
 	w.ResponseWriter.WriteHeader(code)
+	_ = w.end(start, nil)
 }
 
 func (w *deadlineWriter) Flush() {
-	w.refresh()
+	start := w.begin()
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
+	_ = w.end(start, nil)
 }
 
 // Unwrap lets http.ResponseController reach the connection.
 func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // release gives back what the request holds of the gateway once it has ended: its share of
-// the answer buffers, and its connection's deadlines (which a keep-alive connection would
-// otherwise carry into its next request).
+// the answer buffers, and its connection's read deadline (which a keep-alive connection
+// would otherwise carry into its next request). The write deadline is pushed forward, not
+// lifted: the server flushes the answer after the handler returns, and that write is bounded
+// too (the next request sets its own).
 func (ex *exchange) release(b *answerBuffers) {
+	ex.giveBack(b)
+	ex.settleDeadlines()
+}
+
+// giveBack returns the request's share of the answer buffers: at the end, and before each
+// further attempt (the answer of the one before is dropped).
+func (ex *exchange) giveBack(b *answerBuffers) {
 	if ex.held > 0 {
 		b.give(ex.held)
 		ex.held = 0
 	}
-	ex.clearDeadlines()
 }
 
-func (ex *exchange) clearDeadlines() {
-	if ex.body == nil || ex.body.done {
+func (ex *exchange) settleDeadlines() {
+	if ex.body == nil || ex.body.done.Load() {
 		// A body cut off by its time-out keeps its deadline: the server would otherwise
 		// wait for the rest of it, holding the connection, before closing it.
 		_ = ex.rc.SetReadDeadline(time.Time{})
 	}
-	if dw, ok := ex.w.(*deadlineWriter); ok && !dw.set.IsZero() {
-		_ = ex.rc.SetWriteDeadline(time.Time{})
+	if ex.write != nil {
+		ex.write.finish()
 	}
 }
 
-// bodyDeadline lifts the body's read deadline when the body has been read to its end.
+// bodyDeadline lifts the body's read deadline when the body has been read to its end, and
+// records whether the body time-out cut it off. A pass-through body is read by the upstream
+// transport's own goroutine, and both marks by the handler's.
 type bodyDeadline struct {
 	io.ReadCloser
-	rc   *http.ResponseController
-	done bool
+	rc       *http.ResponseController
+	done     atomic.Bool // read to its end
+	timedOut atomic.Bool // a read failed on the body time-out
 }
 
 func (b *bodyDeadline) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF && !b.done {
-		b.done = true
-		_ = b.rc.SetReadDeadline(time.Time{})
+	switch {
+	case err == io.EOF:
+		if b.done.CompareAndSwap(false, true) {
+			_ = b.rc.SetReadDeadline(time.Time{})
+		}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		b.timedOut.Store(true)
 	}
 	return n, err
 }
+
+// bodyTimedOut reports whether the request's body was cut off by the body time-out.
+func (ex *exchange) bodyTimedOut() bool { return ex.body != nil && ex.body.timedOut.Load() }
 
 // writeFailed is the class of a failed write to the client: it stopped reading (the write
 // time-out), or went away.

@@ -32,11 +32,15 @@ type Handler struct {
 // ServeHTTP serves one client request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := h.srv.state.Load()
+	c := st.snap.Config
 	if r.Method == http.MethodOptions {
+		if d := c.Timeouts.Write.D(); d > 0 {
+			// Bounds the server's flush of the answer after the handler returns.
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
+		}
 		st.cors.preflight(w, r) // Sluice's answer, never a model server's
 		return
 	}
-	c := st.snap.Config
 	ex := newExchange(w, r, c.Timeouts.Write.D())
 	defer ex.release(&h.srv.buffers)
 	if d := c.Timeouts.Body.D(); d > 0 && r.Body != nil && r.Body != http.NoBody {
@@ -204,11 +208,8 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			// (The server may have cancelled the request's context on the failed read: the
-			// body time-out is what happened.) The connection is closed after the answer:
-			// the rest of its body will not be waited for.
-			w.Header().Set("Connection", "close")
-			return nil, openai.NewError(http.StatusRequestTimeout, "invalid_request_error", classBodyTimeout,
-				"the request body did not arrive within the body time-out ("+st.snap.Config.Timeouts.Body.D().String()+")")
+			// body time-out is what happened.)
+			return nil, bodyTimeout(w, st.snap.Config.Timeouts.Body.D())
 		}
 		if r.Context().Err() != nil {
 			return nil, errClientGone
@@ -225,6 +226,14 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
 	}
 	return req, nil
+}
+
+// bodyTimeout is the answer to a body that did not arrive within the body time-out d. The
+// connection is closed after it: the rest of the body will not be waited for.
+func bodyTimeout(w http.ResponseWriter, d time.Duration) *openai.Error {
+	w.Header().Set("Connection", "close")
+	return openai.NewError(http.StatusRequestTimeout, "invalid_request_error", classBodyTimeout,
+		"the request body did not arrive within the body time-out ("+d.String()+")")
 }
 
 // injectFaults plans the request's chaos faults, wraps the client's writer with the downstream
@@ -364,6 +373,11 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 	}
 	if res.class == "" && res.err != nil {
 		res.class = res.err.Code
+	}
+	if res.class == classClientCancel && ex.write != nil && ex.write.expired.Load() {
+		// HTTP/2: the write time-out reset the stream, which cancels the request's context:
+		// the client stopped reading, it did not go away.
+		res.class = classClientStalled
 	}
 	dur := time.Since(ex.start)
 	out := policy.Outcome{

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,48 +22,87 @@ import (
 )
 
 // Mirroring (routes with a `mirror:` block). The handler offers a copy of a sampled request
-// to the route's bounded queue and goes on at once; a worker sends the copy to the sandbox
-// cluster while the primary is being served, waits for the primary's answer, compares the
-// pair and records it. Nothing here is on the primary's path except the offer (a hash and a
+// to the route's bounded queue and goes on at once; a worker sends the copy to the candidate
+// and, at the same moment, to the baseline (or, without one, to the primary's cluster for a
+// replica), reads both answers and is free again: it does not wait for the primary. Whoever
+// finishes last of the primary's handler and the worker hands the triple to the comparison:
+// the worker compares it itself, the handler queues it for the route's comparers (never on
+// its own goroutine). Nothing here is on the primary's path except the offer (a hash and a
 // non-blocking channel send) and, for mirrored requests only, a bounded copy of the answer.
 
 // Mirror roles, sent to the upstream in X-Sluice-Mirror.
 const (
 	mirrorCandidate = "candidate"
+	mirrorBaseline  = "baseline"
 	mirrorReplica   = "replica"
 )
 
-// mirrorRoute is one route's mirror: its queue and workers, and the comparison so far. It
-// lives across reloads; a reload that changes the candidate (cluster or model) starts a new
-// comparison, one that changes the queue's bounds starts a new queue.
+// mirrorRoute is one route's mirror: its queues and workers, and the comparison so far. It
+// lives across reloads; a reload that changes what is compared (candidate, model, baseline)
+// starts a new comparison, one that changes the queue's bounds starts a new lane.
 type mirrorRoute struct {
 	name     string
-	identity string // the candidate: cluster, and model when rewritten ("cand" or "cand/model")
-	qkey     string // the queue's bounds
+	identity string // what is compared: see identityOf
+	qkey     string // the lane's bounds
 	cfg      atomic.Pointer[config.Mirror]
 
-	queue atomic.Pointer[shadow.Queue[*mirrorJob]]
-	stop  context.CancelFunc
-	done  chan struct{}
+	lane atomic.Pointer[mirrorLane]
+	stop context.CancelFunc
+	done chan struct{}
 
 	acc     *shadow.Accumulator
 	schemas *shadow.SchemaCache
 	retired atomic.Bool // replaced by a new candidate or removed: its pairs are not kept
 
-	// Counters since the route started mirroring (they survive a new queue).
-	offered, dropped, started                  atomic.Int64
-	pairs, replicas, failed, incomplete, trunc atomic.Int64
+	captured atomic.Int64 // bytes of answers held by the route's jobs (mirror.capture_total)
+
+	// Counters since the route started mirroring (they survive a new lane).
+	offered, dropped, started, pairs, incomplete, trunc atomic.Int64
+	replicas                                            atomic.Int64
+	sides                                               [3]sideCounters // candidate, baseline, replica
 
 	mu      sync.Mutex
 	verdict *shadow.Verdict // the latest
 	judged  time.Time
 	stepped time.Time // the last weight progression step
 	action  string    // what the progression last did
+	rate    rateSample
 }
+
+// The sides of a triple, indexes of mirrorRoute.sides.
+const (
+	sideCandidate = iota
+	sideBaseline
+	sideReplica
+)
+
+// sideCounters count one sandbox side's copies.
+type sideCounters struct{ sent, failed, compared atomic.Int64 }
+
+// rateSample is the requests begun on the reference's and the candidate's clusters at the
+// last verdict, for their request rates per endpoint over the interval since.
+type rateSample struct {
+	at                time.Time
+	reference, cand   int64
+	refName, candName string
+	refRate, candRate float64 // per endpoint, per second, over the last interval
+}
+
+// mirrorLane is one set of a route's queues: sandbox copies waiting for a worker, and
+// triples whose primary finished last waiting for a comparer. A new lane starts when the
+// mirror's bounds change.
+type mirrorLane struct {
+	send, compare *shadow.Queue[*mirrorJob]
+}
+
+// comparers bounds the goroutines comparing triples the handler handed over (comparison is
+// CPU work: ROUGE-L is bounded by shadow.MaxWords², schema checks by the answer's size).
+func comparers() int { return max(1, min(4, runtime.GOMAXPROCS(0))) }
 
 // mirrorJob is one mirrored request.
 type mirrorJob struct {
 	route    *mirrorRoute
+	lane     *mirrorLane
 	cfg      *config.Mirror
 	preq     policy.Request // a copy taken when offered (the body and parsed request are read-only)
 	path     string         // escaped path and the query without credential-like parameters
@@ -72,30 +112,65 @@ type mirrorJob struct {
 		cluster, model string // the primary's chosen candidate (the replica goes there)
 	}
 	replica bool
+	loads   shadow.Loads // the primary's at the offer, the sandboxes' when sent
 
-	capture capture       // the primary's answer, written by the handler before done
-	done    chan struct{} // closed when the primary's answer is complete
-	// Set by the handler before done is closed; the worker parses the capture (the primary's
-	// handler does no more than copy the events it relays).
+	// The primary's answer: written by the handler, read by the comparison once primaryIn.
+	capture capture
 	outcome policy.Outcome
 	tap     openai.Tap
 	faulted bool // chaos faults acted on the primary: not a fair comparison
+
+	// The sandboxes' answers: written by the worker, read once sandboxIn.
+	cand   shadow.Answer
+	second *shadow.Answer // the baseline's or the replica's, when one was asked
+
+	mu        sync.Mutex
+	primaryIn bool        // the handler is done with the job
+	sandboxIn bool        // the worker is done with it
+	dead      bool        // it will not be compared (timed out, dropped, stopped)
+	timer     *time.Timer // bounds the sandbox answers' wait for the primary's
 }
 
-// capture keeps the first limit bytes of an answer and whether it was an SSE stream.
+// capture keeps the first limit bytes of an answer and whether it was an SSE stream. With a
+// budget, the bytes kept count against the route's capture_total: past it the capture ends
+// as at its limit (truncated).
 type capture struct {
 	buf       []byte
 	limit     int
 	truncated bool
 	sse       bool
+
+	budget *atomic.Int64
+	total  int64 // the budget's bound
+	held   int64 // bytes counted against it
 }
 
 func (c *capture) add(b []byte) {
+	if c.truncated || len(b) == 0 {
+		return // a cut capture takes nothing more: a gap would corrupt what was kept
+	}
 	if room := c.limit - len(c.buf); len(b) > room {
 		c.truncated = true
 		b = b[:max(0, room)]
 	}
+	if c.budget != nil && len(b) > 0 {
+		n := int64(len(b))
+		if c.budget.Add(n) > c.total {
+			c.budget.Add(-n)
+			c.truncated = true
+			return
+		}
+		c.held += n
+	}
 	c.buf = append(c.buf, b...)
+}
+
+// release gives the capture's bytes back to the budget and drops them.
+func (c *capture) release() {
+	if c.budget != nil && c.held > 0 {
+		c.budget.Add(-c.held)
+	}
+	c.held, c.buf = 0, nil
 }
 
 // Write makes a capture an io.Writer that keeps the first limit bytes and discards the rest.
@@ -137,12 +212,18 @@ func (sh *shadowing) list() []*mirrorRoute {
 	return out
 }
 
-// identityOf names a mirror's candidate.
+// identityOf names what a mirror compares: the candidate ("cand", or "cand/model" when the
+// model is rewritten) and, with one, the baseline ("cand vs base"). A change of either
+// starts a new comparison: pairs judged against another reference are not this one's.
 func identityOf(m *config.Mirror) string {
-	if m.Model == "" {
-		return m.Cluster
+	id := m.Cluster
+	if m.Model != "" {
+		id += "/" + m.Model
 	}
-	return m.Cluster + "/" + m.Model
+	if m.Baseline != "" {
+		id += " vs " + m.Baseline
+	}
+	return id
 }
 
 // sync brings the mirrors in line with a new config: new routes start a mirror, removed
@@ -180,7 +261,7 @@ func (sh *shadowing) sync(c *config.Config) {
 		}
 		next[r.Name] = mr
 		mr.cfg.Store(m)
-		if mr.queue.Load() == nil || mr.qkey != qkey {
+		if mr.lane.Load() == nil || mr.qkey != qkey {
 			halts = append(halts, mr.halter())
 			mr.start(sh, qkey, m)
 		}
@@ -215,11 +296,23 @@ func (sh *shadowing) close() {
 func (mr *mirrorRoute) start(sh *shadowing, qkey string, m *config.Mirror) {
 	ctx, cancel := context.WithCancel(sh.srv.baseCtx)
 	mr.qkey, mr.stop, mr.done = qkey, cancel, make(chan struct{})
-	q, done := shadow.NewQueue(m.MaxQueue, m.MaxConcurrency, sh.run), mr.done
-	mr.queue.Store(q)
+	ln := &mirrorLane{
+		send:    shadow.NewQueue(m.MaxQueue, m.MaxConcurrency, sh.run),
+		compare: shadow.NewQueue(max(256, m.MaxConcurrency), comparers(), sh.compare),
+	}
+	ln.send.OnDrop((*mirrorJob).abandon)
+	ln.compare.OnDrop(func(j *mirrorJob) {
+		j.route.incomplete.Add(1) // stopped before its turn: nothing is compared after a stop
+		j.abandon()
+	})
+	mr.lane.Store(ln)
+	done := mr.done
 	go func() {
 		defer close(done)
-		q.Run(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { ln.send.Run(ctx) })
+		wg.Go(func() { ln.compare.Run(ctx) })
+		wg.Wait()
 	}()
 }
 
@@ -265,20 +358,27 @@ func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *ht
 		return nil
 	}
 	mr.offered.Add(1)
-	j := &mirrorJob{route: mr, cfg: m, preq: *preq, done: make(chan struct{})}
+	ln := mr.lane.Load()
+	j := &mirrorJob{route: mr, lane: ln, cfg: m, preq: *preq}
 	j.path, j.endpoint = r.URL.EscapedPath(), r.URL.Path
 	if q := mirrorQuery(r.URL.RawQuery); q != "" {
 		j.path += "?" + q
 	}
 	j.header = mirrorHeader(r.Header, m)
 	j.header.Set("X-Request-Id", ex.id)
-	j.capture.limit = int(m.CaptureBytes)
+	j.capture = capture{limit: int(m.CaptureBytes), budget: &mr.captured, total: int64(m.CaptureTotal)}
 	if len(plan) > 0 {
 		j.primary.cluster, j.primary.model = plan[0].Cluster, plan[0].Model
+		if cl := sh.srv.state.Load().clusters[j.primary.cluster]; cl != nil && len(cl.Endpoints()) > 0 {
+			// The primary's request is not yet begun on its endpoint: count it, as the
+			// sandboxes' loads count their copies.
+			per, _ := cl.Load()
+			j.loads.Primary = per + 1/float64(len(cl.Endpoints()))
+		}
 	}
-	j.replica = m.ReplicaFraction > 0 && j.primary.cluster != "" &&
+	j.replica = m.Baseline == "" && m.ReplicaFraction > 0 && j.primary.cluster != "" &&
 		shadow.Sampled(rt.Name+"\x00replica", ex.id, m.ReplicaFraction)
-	if !mr.queue.Load().Offer(j) {
+	if !ln.send.Offer(j) {
 		mr.dropped.Add(1)
 		return nil
 	}
@@ -343,16 +443,74 @@ func mirrorQuery(raw string) string {
 	return v.Encode()
 }
 
-// primaryDone hands the primary's answer to the job's worker: a copy of the outcome and the
-// tap, nothing parsed here. Safe on a nil job.
+// primaryDone hands the primary's answer to the job: a copy of the outcome and the tap,
+// nothing parsed here. When the sandboxes have answered already, the triple goes to the
+// route's comparers. Safe on a nil job; called once, when the handler is done writing.
 func (j *mirrorJob) primaryDone(ex *exchange, res *result) {
 	if j == nil {
 		return
 	}
 	j.outcome, j.tap = ex.outcome, res.tap
 	j.faulted = ex.inj.Fired()
-	close(j.done)
+	j.mu.Lock()
+	j.primaryIn = true
+	dead, ready := j.dead, j.sandboxIn
+	if j.timer != nil {
+		j.timer.Stop()
+	}
+	j.mu.Unlock()
+	switch {
+	case dead:
+		j.release()
+	case ready:
+		if !j.lane.compare.Offer(j) {
+			j.route.dropped.Add(1) // the comparers are behind: never wait for them
+			j.release()
+		}
+	}
 }
+
+// sandboxDone is the worker's side of primaryDone: it compares the triple at once when the
+// primary finished first, else leaves the job to the handler (for at most the mirror's
+// time-out) without holding its worker.
+func (sh *shadowing) sandboxDone(ctx context.Context, j *mirrorJob) {
+	j.mu.Lock()
+	j.sandboxIn = true
+	if j.primaryIn {
+		j.mu.Unlock()
+		sh.compare(ctx, j)
+		return
+	}
+	j.timer = time.AfterFunc(j.cfg.Timeout.D(), j.expire)
+	j.mu.Unlock()
+}
+
+// expire gives up on a primary that did not finish within the mirror's time-out after its
+// sandboxes did.
+func (j *mirrorJob) expire() {
+	j.mu.Lock()
+	gone := j.primaryIn || j.dead
+	j.dead = true
+	j.mu.Unlock()
+	if !gone {
+		j.route.incomplete.Add(1) // its capture is released when the handler is done with it
+	}
+}
+
+// abandon marks a job that will not be compared (dropped when its queue stopped) and
+// releases what it holds once the handler is done with it.
+func (j *mirrorJob) abandon() {
+	j.mu.Lock()
+	j.dead = true
+	primaryIn := j.primaryIn
+	j.mu.Unlock()
+	if primaryIn {
+		j.release()
+	}
+}
+
+// release gives the job's captured bytes back to the route's budget.
+func (j *mirrorJob) release() { j.capture.release() }
 
 // primaryAnswer is the primary's answer, parsed from the capture (in the worker, after done).
 func (j *mirrorJob) primaryAnswer() shadow.Answer {
@@ -408,95 +566,131 @@ func fillTimes(a *shadow.Answer, tap *openai.Tap, sse bool) {
 	}
 }
 
-// run serves one mirrored request (a worker of the route's queue): the copy to the sandbox,
-// then, once the primary has finished, the comparison.
+// run serves one mirrored request (a worker of the route's send queue): the copies to the
+// candidate and to the baseline or replica, sent at the same moment and read to their ends;
+// then the worker is free (sandboxDone).
 func (sh *shadowing) run(ctx context.Context, j *mirrorJob) {
 	mr := j.route
 	mr.started.Add(1)
 	sctx, cancel := context.WithTimeout(ctx, j.cfg.Timeout.D())
-	cand := sh.send(sctx, j, j.cfg.Cluster, j.cfg.Model, mirrorCandidate)
-	cancel()
-	// The primary usually finished first; otherwise wait for it as long as a copy may take.
-	select {
-	case <-j.done:
-	default:
-		wait := time.NewTimer(j.cfg.Timeout.D())
-		select {
-		case <-j.done:
-			wait.Stop()
-		case <-wait.C:
-			mr.incomplete.Add(1)
-			return
-		case <-ctx.Done():
-			wait.Stop()
-			mr.incomplete.Add(1)
-			return
-		}
+	defer cancel()
+	var cluster, role string
+	side := sideCandidate
+	switch {
+	case j.cfg.Baseline != "":
+		cluster, role, side = j.cfg.Baseline, mirrorBaseline, sideBaseline
+	case j.replica:
+		cluster, role, side = j.primary.cluster, mirrorReplica, sideReplica
 	}
+	// The baseline and the replica run the primary's version: they get the request as the
+	// primary did (its model rewrite, when its split had one).
+	model := j.primary.model
+	var wg sync.WaitGroup
+	if cluster != "" {
+		wg.Go(func() {
+			a, load := sh.send(sctx, j, cluster, model, role)
+			j.second = &a
+			if side == sideBaseline {
+				j.loads.Baseline = load
+			}
+			count(&mr.sides[side], a)
+		})
+	}
+	a, load := sh.send(sctx, j, j.cfg.Cluster, j.cfg.Model, mirrorCandidate)
+	j.cand, j.loads.Candidate = a, load
+	count(&mr.sides[sideCandidate], a)
+	wg.Wait()
+	sh.sandboxDone(ctx, j)
+}
+
+// count counts one sent copy of a side.
+func count(c *sideCounters, a shadow.Answer) {
+	c.sent.Add(1)
+	if !a.OK() {
+		c.failed.Add(1)
+	}
+}
+
+// compare compares a job's triple (or pair) and records it: on the worker when the primary
+// finished first, on a comparer when the handler handed it over.
+func (sh *shadowing) compare(ctx context.Context, j *mirrorJob) {
+	defer j.release()
+	mr := j.route
 	prim := j.primaryAnswer()
 	if prim.Status == statusClientClosed || prim.ErrorClass == classClientCancel || prim.ErrorClass == classShutdown || j.faulted {
 		// Nothing fair to compare: the primary did not run to its end, or chaos acted on it.
 		mr.incomplete.Add(1)
 		return
 	}
-	if !cand.OK() {
-		mr.failed.Add(1)
+	if mr.retired.Load() {
+		return // what is compared changed meanwhile: this triple belongs to the old comparison
 	}
-	if prim.Truncated || cand.Truncated {
+	cand := j.cand
+	var base, replica *shadow.Answer
+	if j.second != nil {
+		if j.cfg.Baseline != "" {
+			base = j.second
+		} else {
+			replica = j.second
+		}
+	}
+	if prim.Truncated || cand.Truncated || base != nil && base.Truncated {
 		mr.trunc.Add(1)
 	}
-	pr := mr.schemas.Compare(shadow.RequestFromBody(j.preq.Body), prim, cand)
-	var replica *shadow.Answer
-	if j.replica && prim.OK() {
-		rctx, cancel := context.WithTimeout(ctx, j.cfg.Timeout.D())
-		rep := sh.send(rctx, j, j.primary.cluster, j.primary.model, mirrorReplica)
-		cancel()
-		replica = &rep
-	}
-	if mr.retired.Load() {
-		return // the candidate changed meanwhile: this pair belongs to the old comparison
-	}
+	req := shadow.RequestFromBody(j.preq.Body)
+	req.AbnormalFinish = j.cfg.AbnormalFinish
+	pr := mr.schemas.CompareTriple(req, prim, base, cand)
+	pr.Loads = j.loads
+	pr.Loads.Valid = j.loads.Primary > 0 && j.loads.Candidate > 0 && (base == nil || j.loads.Baseline > 0)
 	mr.acc.Add(pr)
 	mr.pairs.Add(1)
+	mr.sides[sideCandidate].compared.Add(1)
 	rec := shadow.NewPairRecord(mr.name, time.Now(), j.preq.Body, prim, cand, replica, pr)
 	rec.CandidateID = mr.identity
+	if base != nil {
+		rec.SetBaseline(*base)
+		mr.sides[sideBaseline].compared.Add(1)
+	}
 	if rec.ReplicaValid {
 		mr.acc.AddReplicaSimilarity(rec.ReplicaSimilarity)
 		mr.replicas.Add(1)
+		mr.sides[sideReplica].compared.Add(1)
 	}
 	sh.recordPair(ctx, j, rec)
 }
 
 // send sends the job's copy to a cluster and reads the whole answer, measuring it as the
-// relay measures the primary's.
-func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model, role string) shadow.Answer {
+// relay measures the primary's. load is the cluster's requests in flight per endpoint once
+// the copy was begun on its endpoint (0 when it was not sent).
+func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model, role string) (a shadow.Answer, load float64) {
 	st := sh.srv.state.Load()
 	cl := st.clusters[clusterName]
 	if cl == nil {
-		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: classNoEndpoint}
+		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: classNoEndpoint}, 0
 	}
 	ep, err := cl.Pick(nil)
 	if err != nil {
-		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: classNoEndpoint}
+		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: classNoEndpoint}, 0
 	}
 	ep.Begin()
 	defer ep.End()
+	load, _ = cl.Load()
 	body := j.preq.Body
 	if model != "" && model != j.preq.Model {
 		if body, err = openai.SetModel(body, model); err != nil {
-			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}
+			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}, 0
 		}
 	}
 	if j.preq.Kind == openai.KindResponses {
 		// A copy leaves nothing behind: the server stores no response for it.
 		if body, err = openai.SetField(body, "store", []byte("false")); err != nil {
-			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}
+			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}, 0
 		}
 	}
 	base := strings.TrimSuffix(ep.URL().String(), "/")
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base+j.path, bytes.NewReader(body))
 	if err != nil {
-		return shadow.Answer{Status: http.StatusBadGateway, ErrorClass: classUpstreamError}
+		return shadow.Answer{Status: http.StatusBadGateway, ErrorClass: classUpstreamError}, 0
 	}
 	out.Header = j.header.Clone()
 	out.Header.Set("X-Sluice-Mirror", role)
@@ -507,7 +701,6 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	// Chaos faults whose cluster filter names the sandbox act on the copy as on any attempt:
 	// a way to plant a regression in a candidate and watch the verdict catch it.
 	inj := sh.srv.chaos.Plan(&j.preq, j.preq.Route, nil)
-	var a shadow.Answer
 	defer func() {
 		inj.Done(fault.Outcome{Status: a.Status, ErrorClass: a.ErrorClass, Cluster: clusterName, Attempts: 1, ClientSawError: !a.OK()})
 	}()
@@ -520,14 +713,16 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 		if ctx.Err() != nil {
 			a = shadow.Answer{Status: http.StatusGatewayTimeout, ErrorClass: classTimeout}
 		}
-		return a
+		return a, load
 	}
 	defer resp.Body.Close()
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if resp.StatusCode < 300 {
 		resp.Body = at.WrapUpstream(ctx, resp.Body, sse)
 	}
-	capt := capture{limit: int(j.cfg.CaptureBytes), sse: sse && resp.StatusCode < 300}
+	capt := capture{limit: int(j.cfg.CaptureBytes), sse: sse && resp.StatusCode < 300,
+		budget: &j.route.captured, total: int64(j.cfg.CaptureTotal)}
+	defer capt.release() // the parsed answer is what is kept
 	cut := false
 	if capt.sse {
 		rd := openai.NewReader(resp.Body, int(st.snap.Config.MaxEventBytes))
@@ -549,7 +744,8 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 			tap.ObserveBody(capt.buf, now)
 		}
 	}
-	a, perr := answerOf(capt.sse, capt.buf)
+	var perr error
+	a, perr = answerOf(capt.sse, capt.buf)
 	a.Status, a.Truncated = resp.StatusCode, capt.truncated
 	switch s := resp.StatusCode; {
 	case s == http.StatusTooManyRequests:
@@ -566,5 +762,5 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 		a.ErrorClass = "unparsed"
 	}
 	fillTimes(&a, &tap, capt.sse)
-	return a
+	return a, load
 }

@@ -389,6 +389,14 @@ func (s *Server) Start() error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		Protocols:         &protos,
 	}
+	if d := c.Timeouts.Write.D(); d > 0 {
+		// HTTP/2: a client that stops reading the connection (its TCP window at zero) stops
+		// every write, stream resets included, so only closing the connection frees its
+		// streams: after the write time-out without a byte taken. A peer that is gone
+		// without a word is found by a ping. Fixed at start: a reload changes the time-out of
+		// each write (deadlineWriter), not this.
+		s.http.HTTP2 = &http.HTTP2Config{WriteByteTimeout: d, SendPingTimeout: h2PingAfter, PingTimeout: h2PingTimeout}
+	}
 	if c.TLS.Enabled() {
 		s.certs = &certReloader{certFile: c.TLS.CertFile, keyFile: c.TLS.KeyFile, log: s.log}
 		if _, err := s.certs.get(); err != nil {
@@ -448,10 +456,18 @@ func (s *Server) Start() error {
 	return nil
 }
 
+// h2PingAfter is how long an HTTP/2 connection may go without a frame from the client before
+// it is pinged, and h2PingTimeout how long the ping may go unanswered before it is closed.
+const (
+	h2PingAfter   = 30 * time.Second
+	h2PingTimeout = 15 * time.Second
+)
+
 // connectionBounds are the API listener's bounds now: limits.max_connections (by default
 // three quarters of the open-file limit, the rest left to the admin listener, upstream
-// connections and files), limits.max_connections_per_client, and the trusted proxies, which
-// carry many clients and are not bound per client.
+// connections and files), limits.max_connections_per_client (0: none; by default only with
+// trusted proxies, without which a peer may carry many clients), and the trusted proxies,
+// which carry many clients and are not bound per client.
 func (s *Server) connectionBounds() (total, perClient int, trusted trust) {
 	st := s.state.Load()
 	lm := st.snap.Config.Limits
@@ -459,7 +475,13 @@ func (s *Server) connectionBounds() (total, perClient int, trusted trust) {
 	if total == 0 {
 		total = openFileLimit() * 3 / 4
 	}
-	return total, lm.MaxConnectionsPerClient, st.trust
+	switch perClient = lm.MaxConnectionsPerClient; {
+	case perClient == 0 && len(st.trust) > 0:
+		perClient = config.DefaultMaxConnectionsPerClient
+	case perClient < 0:
+		perClient = 0 // off
+	}
+	return total, perClient, st.trust
 }
 
 // Addr is the gateway listener's bound address.
@@ -720,6 +742,7 @@ func (s *Server) Run(ctx context.Context) error {
 // backlog would be reset); then the gateway shuts down, requests in flight running on for
 // drain_timeout.
 func (s *Server) Drain() error {
+	s.draining.Store(true) // before readiness: a config applied meanwhile must not turn it back on
 	s.ready.Store(false)
 	if delay := s.Config().DrainDelay.D(); delay > 0 {
 		s.log.Info("not ready; accepting for the drain delay before draining", "delay", delay)

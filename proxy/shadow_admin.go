@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/shadow"
 )
@@ -94,22 +95,18 @@ func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, e
 	if judge {
 		s.shadow.judgeAll(ctx, time.Now())
 	}
-	c := s.Config()
+	st := s.state.Load()
+	c := st.snap.Config
 	var ins []shadow.RouteInput
 	for _, mr := range s.shadow.list() {
 		m := mr.cfg.Load()
-		in := mr.acc.Input()
+		in := mr.input()
 		pairs, replicas := mr.acc.Counts()
 		ri := shadow.RouteInput{
 			Route: mr.name, CandidateCluster: m.Cluster, CandidateID: mr.identity, Input: &in, Pairs: pairs, Replicas: replicas,
 			Config: c.Shadow.Verdict, Window: c.Shadow.Window,
-			Mirror: shadow.MirrorStats{Offered: mr.offered.Load(), Mirrored: mr.started.Load(), Dropped: mr.dropped.Load(),
-				Failed: mr.failed.Load(), Replicas: mr.replicas.Load()},
-		}
-		for _, r := range c.Routes {
-			if r.Name == mr.name {
-				ri.PrimaryCluster = r.Cluster
-			}
+			Mirror: mr.stats(m), PrimaryCluster: referenceCluster(st, mr.name, &config.Mirror{Cluster: m.Cluster}),
+			BaselineCluster: m.Baseline,
 		}
 		mr.mu.Lock()
 		ri.Verdict, ri.VerdictTime, ri.Action = mr.verdict, mr.judged, mr.action
@@ -117,4 +114,22 @@ func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, e
 		ins = append(ins, ri)
 	}
 	return shadow.BuildReport(ctx, s.shadow.store.Load(), ins)
+}
+
+// stats are the route's mirror counters for the report.
+func (mr *mirrorRoute) stats(m *config.Mirror) shadow.MirrorStats {
+	ms := shadow.MirrorStats{Offered: mr.offered.Load(), Mirrored: mr.started.Load(), Dropped: mr.dropped.Load(),
+		Compared: mr.pairs.Load(), Incomplete: mr.incomplete.Load(),
+		Failed: mr.sides[sideCandidate].failed.Load(), Replicas: mr.replicas.Load()}
+	for i, side := range []struct{ name, cluster string }{
+		{mirrorCandidate, m.Cluster}, {mirrorBaseline, m.Baseline}, {mirrorReplica, "primary's"},
+	} {
+		c := &mr.sides[i]
+		if c.sent.Load() == 0 && (i != sideBaseline || m.Baseline == "") && i != sideCandidate {
+			continue
+		}
+		ms.Sides = append(ms.Sides, shadow.SideStats{Side: side.name, Cluster: side.cluster,
+			Sent: c.sent.Load(), Failed: c.failed.Load(), Compared: c.compared.Load()})
+	}
+	return ms
 }

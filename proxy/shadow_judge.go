@@ -38,7 +38,8 @@ func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
 	st := sh.srv.state.Load()
 	c := st.snap.Config
 	for _, mr := range sh.list() {
-		v, err := shadow.Evaluate(c.Shadow.Verdict, mr.acc.Input())
+		mr.measureRates(st, now)
+		v, err := shadow.Evaluate(c.Shadow.Verdict, mr.input())
 		if err != nil {
 			sh.srv.log.Error("shadow verdict", "route", mr.name, "err", err)
 			continue
@@ -55,6 +56,66 @@ func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
 		}
 		sh.recordVerdict(ctx, mr, v, action, now)
 	}
+}
+
+// referenceCluster is the cluster the candidate is judged against: the baseline, else the
+// primary's (the route's cluster, or its heaviest split that is not the candidate's).
+func referenceCluster(st *state, route string, m *config.Mirror) string {
+	if m.Baseline != "" {
+		return m.Baseline
+	}
+	for _, r := range st.snap.Config.Routes {
+		if r.Name != route {
+			continue
+		}
+		if r.Cluster != "" {
+			return r.Cluster
+		}
+		best, w := "", -1
+		for _, sp := range r.Splits {
+			if sp.Cluster != m.Cluster && sp.Weight > w {
+				best, w = sp.Cluster, sp.Weight
+			}
+		}
+		return best
+	}
+	return ""
+}
+
+// measureRates updates the request rates per endpoint of the route's reference and
+// candidate clusters over the time since the last call (at least a second apart).
+func (mr *mirrorRoute) measureRates(st *state, now time.Time) {
+	m := mr.cfg.Load()
+	ref := referenceCluster(st, mr.name, m)
+	rc, cc := st.clusters[ref], st.clusters[m.Cluster]
+	if rc == nil || cc == nil || len(rc.Endpoints()) == 0 || len(cc.Endpoints()) == 0 {
+		return
+	}
+	_, rb := rc.Load()
+	_, cb := cc.Load()
+	mr.mu.Lock()
+	defer mr.mu.Unlock()
+	r := &mr.rate
+	if r.refName == ref && r.candName == m.Cluster && !r.at.IsZero() {
+		dt := now.Sub(r.at).Seconds()
+		if dt < 1 {
+			return // too short to say: keep the last interval's rates
+		}
+		r.refRate = float64(rb-r.reference) / dt / float64(len(rc.Endpoints()))
+		r.candRate = float64(cb-r.cand) / dt / float64(len(cc.Endpoints()))
+	} else {
+		r.refRate, r.candRate = 0, 0
+	}
+	r.at, r.reference, r.cand, r.refName, r.candName = now, rb, cb, ref, m.Cluster
+}
+
+// input is the route's comparison so far with the measured request rates.
+func (mr *mirrorRoute) input() shadow.Input {
+	in := mr.acc.Input()
+	mr.mu.Lock()
+	in.Load.ReferenceRate, in.Load.CandidateRate = mr.rate.refRate, mr.rate.candRate
+	mr.mu.Unlock()
+	return in
 }
 
 // progress applies the route's weight progression for verdict v (Flagger style): promote
@@ -113,10 +174,11 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 		get        func(*mirrorRoute) int64
 	}{
 		{"sluice.shadow.offered", "Requests sampled for mirroring", func(mr *mirrorRoute) int64 { return mr.offered.Load() }},
-		{"sluice.shadow.dropped", "Mirrored copies dropped because the mirror queue was full", func(mr *mirrorRoute) int64 { return mr.dropped.Load() }},
+		{"sluice.shadow.dropped", "Mirrored requests dropped because a mirror queue was full (before sending, or before comparing)", func(mr *mirrorRoute) int64 { return mr.dropped.Load() }},
 		{"sluice.shadow.truncated", "Compared pairs whose answer text was cut at capture_bytes (text, schema and tool checks skipped)", func(mr *mirrorRoute) int64 { return mr.trunc.Load() }},
-		{"sluice.shadow.pairs", "Mirrored pairs compared", func(mr *mirrorRoute) int64 { return mr.pairs.Load() }},
-		{"sluice.shadow.candidate_failures", "Mirrored copies the sandbox failed", func(mr *mirrorRoute) int64 { return mr.failed.Load() }},
+		{"sluice.shadow.pairs", "Mirrored pairs (or triples, with a baseline) compared", func(mr *mirrorRoute) int64 { return mr.pairs.Load() }},
+		{"sluice.shadow.candidate_failures", "Mirrored copies the candidate failed", func(mr *mirrorRoute) int64 { return mr.sides[sideCandidate].failed.Load() }},
+		{"sluice.shadow.baseline_failures", "Mirrored copies the baseline failed", func(mr *mirrorRoute) int64 { return mr.sides[sideBaseline].failed.Load() }},
 		{"sluice.shadow.incomplete", "Mirrored copies not compared (the primary did not finish, or the mirror time-out passed)", func(mr *mirrorRoute) int64 { return mr.incomplete.Load() }},
 		{"sluice.shadow.replicas", "Replica answers taken into the noise floor", func(mr *mirrorRoute) int64 { return mr.replicas.Load() }},
 	}
@@ -138,14 +200,19 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
-	insts = append(insts, queued, verdict)
+	captured, err := m.Int64ObservableGauge("sluice.shadow.captured", metric.WithDescription("Bytes of answers the route's mirror holds now (bounded by mirror.capture_total)"), metric.WithUnit("By"))
+	if err != nil {
+		return nil, err
+	}
+	insts = append(insts, queued, verdict, captured)
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, mr := range s.shadow.list() {
 			at := metric.WithAttributes(attribute.String("route", mr.name))
 			for _, c := range cs {
 				o.ObserveInt64(c.inst, c.get(mr), at)
 			}
-			o.ObserveInt64(queued, mr.queue.Load().Counts().Queued, at)
+			o.ObserveInt64(queued, mr.lane.Load().send.Counts().Queued, at)
+			o.ObserveInt64(captured, mr.captured.Load(), at)
 			mr.mu.Lock()
 			v := mr.verdict
 			mr.mu.Unlock()

@@ -1,36 +1,49 @@
 // Package shadow holds the comparison and verdict core of shadow traffic: the
-// per-pair comparison of a mirrored primary/candidate answer and the pure
-// statistics that decide whether a candidate backend may take real traffic.
+// comparison of a mirrored request's answers (the primary's, the baseline's
+// and the candidate's: a triple) and the statistics that decide whether a
+// candidate backend may take real traffic, plus where the results live.
 //
 // What exists:
 //
 //   - stats.go: [MannWhitney], a two-sided Mann-Whitney U test (normal
 //     approximation with tie and continuity corrections, adequate for n ≥ 8
-//     per side) with effect sizes (common-language effect size, rank-biserial
-//     r, median ratio), [TwoProportion], a pooled two-proportion z-test, and
-//     [FisherExact], the two-sided exact test for small counts.
-//   - text.go: [Tokenize] and [RougeL], ROUGE-L F1 on lower-cased word
-//     tokens with an O(min(n,m))-memory LCS and a cap of [MaxWords] words.
+//     per side) with effect sizes, [TwoProportion], a pooled two-proportion
+//     z-test, and [FisherExact], the two-sided exact test for small counts.
+//   - paired.go: [Wilcoxon] and [WilcoxonLogRatio], the signed-rank test of
+//     paired answers (exact up to [WilcoxonExactMaxN] pairs, ties included),
+//     and [PairedRatio], the ratio of medians with a paired bootstrap
+//     interval and the median per-request ratio with its order-statistics
+//     interval.
+//   - text.go: [Tokenize] and [RougeL], ROUGE-L F1 on tokens by Unicode
+//     script (one per character in scripts written without spaces: Han,
+//     kana, Thai, ...; lower-cased words elsewhere) with an O(min(n,m))-memory
+//     LCS and a cap of [MaxWords] tokens.
 //   - verdict.go: [Config] (with [DefaultConfig], [Config.WithDefaults] and
 //     [Config.Validate]) and [Evaluate], which turns per-arm observations
 //     into a [Verdict]: promote, hold or rollback, with per-metric
-//     [Evidence].
-//   - pair.go: [Compare] (and [SchemaCache.Compare]) turns a [Request] and
-//     the primary's and candidate's [Answer] into a [PairResult]: status,
-//     error-class and finish_reason matches, latency and token deltas,
-//     RougeL similarity (text plus tool calls), JSON validity and schema
-//     conformance for json_object/json_schema response formats, and tool
-//     calls checked against the primary's function names (as a multiset)
-//     and the declared parameter schemas (santhosh-tekuri/jsonschema, no
-//     remote references; compiled once per distinct schema in a bounded
-//     [SchemaCache]). [AnswerFromChat] and [AnswerFromSSE] build answers
-//     from a chat completion body or a captured stream, and from the
-//     Responses API's ([AnswerFromResponse] for its bodies);
-//     [RequestFromBody] reads chat and Responses requests. [Accumulator]
-//     windows PairResults and replica comparisons ([Accumulator.AddReplica],
-//     the noise floor) into the [Input] of [Evaluate]; it is goroutine-safe.
+//     [Evidence]. With a baseline the candidate is judged against it, its
+//     latencies on the paired differences; without one against the primary,
+//     and its latencies only when both served alike loads.
+//   - pair.go: [SchemaCache.CompareTriple] (and [Compare]) turns a [Request]
+//     and the answers into a [PairResult]: status, error-class and
+//     finish_reason matches, latency and token deltas, RougeL similarity
+//     (text plus tool calls) and the noise-floor sample (primary against
+//     baseline), JSON validity and schema conformance for
+//     json_object/json_schema response formats, tool calls checked against
+//     the declared parameter schemas (santhosh-tekuri/jsonschema, no remote
+//     references; compiled once per distinct schema in a bounded
+//     [SchemaCache]), and abnormal finishes by the request's own bound.
+//     [AnswerFromChat], [AnswerFromSSE] and [AnswerFromResponse] build
+//     answers from bodies and captured streams of chat, completions and the
+//     Responses API; [RequestFromBody] reads their requests. [Accumulator]
+//     windows PairResults into the [Input] of [Evaluate]; it is
+//     goroutine-safe.
+//   - mirror.go: [Sampled] (which sessions are mirrored) and [Queue], the
+//     bounded, never-blocking queue of mirror jobs with workers on demand.
+//   - store.go, export.go, report.go: the SQLite [Store] of triples and
+//     verdicts, the redacted JSONL export, and the [Report] (JSON, HTML,
+//     text).
 //
-// What does not exist here: mirroring, capture (callers fill status and
-// latencies of an Answer), storage, reports and weight progression. This
-// package does no I/O.
+// What does not exist here: sending the copies and capturing answers (the
+// gateway's proxy/mirror.go) and weight progression.
 package shadow

@@ -218,18 +218,34 @@ type ExportAnswer struct {
 // ExportLine is one line of ExportJSONL. The field order below is the order on the line;
 // "route" comes first, which is how `sluice load --trace` tells the format apart.
 type ExportLine struct {
-	Route             string          `json:"route"`
-	TS                time.Time       `json:"ts"`
-	RequestID         string          `json:"request_id,omitempty"`
-	Session           string          `json:"session,omitempty"`
-	Endpoint          string          `json:"endpoint,omitempty"`
-	Request           json.RawMessage `json:"request"`
-	Primary           ExportAnswer    `json:"primary"`
-	Candidate         ExportAnswer    `json:"candidate"`
-	Replica           *ExportAnswer   `json:"replica,omitempty"`
-	Similarity        *float64        `json:"similarity,omitempty"`
-	ReplicaSimilarity *float64        `json:"replica_similarity,omitempty"`
-	Notes             []string        `json:"notes,omitempty"`
+	Route     string          `json:"route"`
+	TS        time.Time       `json:"ts"`
+	RequestID string          `json:"request_id,omitempty"`
+	Session   string          `json:"session,omitempty"`
+	Endpoint  string          `json:"endpoint,omitempty"`
+	Request   json.RawMessage `json:"request"`
+	Primary   ExportAnswer    `json:"primary"`
+	// Baseline is the baseline's answer, when the route has one (the primary's version asked
+	// in a sandbox at the same moment as the candidate).
+	Baseline          *ExportAnswer `json:"baseline,omitempty"`
+	Candidate         ExportAnswer  `json:"candidate"`
+	Replica           *ExportAnswer `json:"replica,omitempty"`
+	Similarity        *float64      `json:"similarity,omitempty"`
+	ReplicaSimilarity *float64      `json:"replica_similarity,omitempty"`
+	// NoiseSimilarity is the primary's similarity to the baseline (the pair's noise-floor
+	// sample), when both answered whole.
+	NoiseSimilarity *float64 `json:"noise_similarity,omitempty"`
+	// Loads are the requests in flight per endpoint of each side's cluster when the request
+	// was sent to it, when measured.
+	Loads *ExportLoads `json:"loads,omitempty"`
+	Notes []string     `json:"notes,omitempty"`
+}
+
+// ExportLoads are the loads of an exported pair; Baseline is set for a triple.
+type ExportLoads struct {
+	Primary   float64  `json:"primary"`
+	Baseline  *float64 `json:"baseline,omitempty"`
+	Candidate float64  `json:"candidate"`
 }
 
 func exportAnswer(a Answer, problems []string) ExportAnswer {
@@ -257,9 +273,28 @@ func NewExportLine(p PairRecord) ExportLine {
 	if l.Request == nil {
 		l.Request = json.RawMessage("null")
 	}
+	if p.Baseline != nil {
+		var probs []string
+		if p.Result.Baseline != nil {
+			probs = p.Result.Baseline.Problems
+		}
+		b := exportAnswer(*p.Baseline, probs)
+		l.Baseline = &b
+	}
 	if p.Replica != nil {
 		r := exportAnswer(*p.Replica, nil)
 		l.Replica = &r
+	}
+	if p.Result.NoiseValid {
+		s := finiteOr(p.Result.NoiseSimilarity)
+		l.NoiseSimilarity = &s
+	}
+	if ld := p.Result.Loads; loadsValid(ld) {
+		l.Loads = &ExportLoads{Primary: ld.Primary, Candidate: ld.Candidate}
+		if p.Baseline != nil || p.Result.Baseline != nil {
+			b := ld.Baseline
+			l.Loads.Baseline = &b
+		}
 	}
 	if p.Result.SimilarityValid {
 		s := finiteOr(p.Result.Similarity)
@@ -285,9 +320,11 @@ func NewExportLine(p PairRecord) ExportLine {
 //	 "primary":{"status":200,"error_class":"","ttft_ms":41.2,"itl_ms":8.1,"e2e_ms":512,
 //	            "output_tokens":57,"finish_reason":"stop","text":"…","tool_calls":[{"name":…,"arguments":…}],
 //	            "problems":["…"]},
+//	 "baseline":{…the same, when the route has a baseline…},
 //	 "candidate":{…the same…},
 //	 "replica":{…the same, when the request was also replayed on the primary…},
-//	 "similarity":0.83,"replica_similarity":0.91,"notes":["…"]}
+//	 "similarity":0.83,"replica_similarity":0.91,"noise_similarity":0.88,
+//	 "loads":{"primary":3,"baseline":2,"candidate":2.5},"notes":["…"]}
 //
 // Empty and zero fields other than the latencies, status, tokens and text are omitted;
 // "request" is null when no body was kept. Answers' texts are bounded by MaxStoredText.

@@ -208,3 +208,68 @@ func TestExportGolden(t *testing.T) {
 		}
 	}
 }
+
+// TestExportTriple: a triple's line carries the baseline's answer with its problems, the
+// noise-floor similarity and the loads; a pair's line none of them.
+func TestExportTriple(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	tri := testTriple("chat", 0, t0, true)
+	bad := tri
+	bb := Answer{Status: 200, Text: "not json", FinishReason: "stop"}
+	bad.SetBaseline(bb)
+	bad.Result = defaultCache.CompareTriple(Request{ResponseFormat: FormatJSONObject}, bad.Primary, bad.Baseline, bad.Candidate)
+	bad.Result.Loads = Loads{Primary: 4, Baseline: 1.5, Candidate: 1, Valid: true}
+	pair := testPair("chat", 1, t0.Add(time.Second), false)
+	pair.Result.Loads = Loads{Primary: 3, Candidate: 7, Valid: true}
+	unmeasured := testTriple("chat", 4, t0.Add(2*time.Second), false) // i%5 == 4: no loads
+	failed := testTriple("chat", 2, t0.Add(3*time.Second), false)     // i%3 == 2: the baseline failed
+	var b bytes.Buffer
+	if err := ExportJSONL(context.Background(), &b, []PairRecord{tri, bad, pair, unmeasured, failed}); err != nil {
+		t.Fatal(err)
+	}
+	var lines []ExportLine
+	var raw []string
+	sc := bufio.NewScanner(&b)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l ExportLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatal(err)
+		}
+		lines, raw = append(lines, l), append(raw, sc.Text())
+	}
+	if len(lines) != 5 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	l := lines[0]
+	if l.Baseline == nil || l.Baseline.Text != tri.Baseline.Text || l.Baseline.TTFTms != durMS(tri.Baseline.TTFT) || l.Baseline.Problems != nil {
+		t.Errorf("baseline %+v", l.Baseline)
+	}
+	if l.NoiseSimilarity == nil || *l.NoiseSimilarity != tri.Result.NoiseSimilarity || *l.NoiseSimilarity <= 0 {
+		t.Errorf("noise similarity %v, want %v", l.NoiseSimilarity, tri.Result.NoiseSimilarity)
+	}
+	if l.Loads == nil || l.Loads.Primary != 1 || l.Loads.Baseline == nil || *l.Loads.Baseline != 2 || l.Loads.Candidate != 2.5 {
+		t.Errorf("loads %+v", l.Loads)
+	}
+	if !strings.Contains(raw[0], `"primary":{`) || strings.Index(raw[0], `"baseline":{`) > strings.Index(raw[0], `"candidate":{`) {
+		t.Errorf("line order: %s", raw[0])
+	}
+	if bl := lines[1].Baseline; bl == nil || len(bl.Problems) == 0 || !strings.Contains(bl.Problems[0], "not JSON") {
+		t.Errorf("the baseline's problems are not exported: %+v", bl)
+	}
+	if lines[1].NoiseSimilarity == nil { // answered whole: a sample, however low
+		t.Errorf("noise similarity of an OK baseline not exported")
+	}
+	if p := lines[2]; p.Baseline != nil || p.NoiseSimilarity != nil || p.Loads == nil || p.Loads.Baseline != nil || p.Loads.Candidate != 7 {
+		t.Errorf("pair line: baseline %v noise %v loads %+v", p.Baseline, p.NoiseSimilarity, p.Loads)
+	}
+	if strings.Contains(raw[2], `"baseline"`) || strings.Contains(raw[2], "noise_similarity") {
+		t.Errorf("pair line has triple fields: %s", raw[2])
+	}
+	if lines[3].Loads != nil || strings.Contains(raw[3], `"loads"`) {
+		t.Errorf("unmeasured loads exported: %s", raw[3])
+	}
+	if f := lines[4]; f.Baseline == nil || f.Baseline.Status != 503 || f.Baseline.ErrorClass != "upstream_5xx" || f.NoiseSimilarity != nil {
+		t.Errorf("failed baseline: %+v, noise %v", f.Baseline, f.NoiseSimilarity)
+	}
+}

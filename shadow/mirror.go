@@ -47,14 +47,16 @@ type MirrorCounts struct {
 	Running  int64 `json:"running"`  // in a worker now
 }
 
-// Queue is a bounded queue of mirror jobs served by a fixed number of workers. Offer never
-// blocks: when the queue is full the job is dropped and counted, so the primary request that
-// offered it is never slowed. Run owns the workers; they stop when its context ends, and
-// jobs still queued then are dropped.
+// Queue is a bounded queue of mirror jobs served by up to a fixed number of workers, each
+// started when a job comes and gone when there is none (an idle queue holds one goroutine).
+// Offer never blocks: when the queue is full the job is dropped and counted, so the primary
+// request that offered it is never slowed. Run owns the workers; they stop when its context
+// ends, and jobs still queued then are dropped (handed to the OnDrop function, if any).
 type Queue[J any] struct {
 	jobs    chan J
 	workers int
 	do      func(context.Context, J)
+	onDrop  func(J)
 
 	offered, dropped, started, finished, running atomic.Int64
 
@@ -62,11 +64,15 @@ type Queue[J any] struct {
 	closed bool
 }
 
-// NewQueue returns a queue of up to maxQueue waiting jobs served by workers workers, each
-// running do. maxQueue 0 means a job is taken only when a worker is idle.
+// NewQueue returns a queue of up to maxQueue waiting jobs served by up to workers workers at
+// once, each running do. maxQueue 0 means a job is taken only when a worker is free.
 func NewQueue[J any](maxQueue, workers int, do func(context.Context, J)) *Queue[J] {
 	return &Queue[J]{jobs: make(chan J, max(0, maxQueue)), workers: max(1, workers), do: do}
 }
+
+// OnDrop sets what is done with a job accepted by Offer but dropped when the queue stops
+// (so its owner can release what it holds). Call it before Run.
+func (q *Queue[J]) OnDrop(f func(J)) { q.onDrop = f }
 
 // Offer queues j, or drops it (false) when the queue is full or stopped.
 func (q *Queue[J]) Offer(j J) bool {
@@ -87,22 +93,32 @@ func (q *Queue[J]) Offer(j J) bool {
 // Run serves the queue until ctx ends, then waits for the workers to return; jobs left in
 // the queue are dropped. Run may be called once.
 func (q *Queue[J]) Run(ctx context.Context) {
+	slots := make(chan struct{}, q.workers)
 	var wg sync.WaitGroup
-	for range q.workers {
-		wg.Go(func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case j := <-q.jobs:
-					q.started.Add(1)
-					q.running.Add(1)
-					q.do(ctx, j)
+serve:
+	for {
+		// A job is taken off the queue only when a worker may start on it, so the queue
+		// holds what waits, and no more than maxQueue of it.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			break serve
+		}
+		select {
+		case j := <-q.jobs:
+			q.started.Add(1)
+			q.running.Add(1)
+			wg.Go(func() {
+				defer func() {
 					q.running.Add(-1)
 					q.finished.Add(1)
-				}
-			}
-		})
+					<-slots
+				}()
+				q.do(ctx, j)
+			})
+		case <-ctx.Done():
+			break serve
+		}
 	}
 	wg.Wait()
 	q.mu.Lock()
@@ -110,8 +126,11 @@ func (q *Queue[J]) Run(ctx context.Context) {
 	q.mu.Unlock()
 	for {
 		select {
-		case <-q.jobs:
+		case j := <-q.jobs:
 			q.dropped.Add(1)
+			if q.onDrop != nil {
+				q.onDrop(j)
+			}
 		default:
 			return
 		}

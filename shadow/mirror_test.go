@@ -3,6 +3,7 @@ package shadow
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -140,4 +141,53 @@ func TestToolChoiceAndCompletions(t *testing.T) {
 	if err != nil || a.Text != "four" || a.FinishReason != "stop" {
 		t.Errorf("completions stream: %+v %v", a, err)
 	}
+}
+
+// TestQueueStartsWorkersOnDemand: an idle queue holds no worker goroutines, a busy one no
+// more than its bound, and jobs dropped at stop reach OnDrop.
+func TestQueueStartsWorkersOnDemand(t *testing.T) {
+	release := make(chan struct{})
+	q := NewQueue(4, 3, func(ctx context.Context, _ int) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})
+	var dropped []int
+	q.OnDrop(func(j int) { dropped = append(dropped, j) })
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { q.Run(ctx); close(stopped) }()
+	time.Sleep(10 * time.Millisecond)
+	if n := runtime.NumGoroutine() - before; n > 1 {
+		t.Fatalf("idle queue holds %d goroutines, want 1 (Run)", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for i := range 7 {
+		if !q.Offer(i) {
+			t.Fatalf("offer %d dropped (3 workers + 4 queued fit)", i)
+		}
+		for q.Counts().Running != int64(min(i+1, 3)) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if c := q.Counts(); c.Running != 3 || c.Queued != 4 {
+		t.Fatalf("counts %+v, want 3 running and 4 queued", c)
+	}
+	if n := runtime.NumGoroutine() - before; n > 4 {
+		t.Fatalf("busy queue holds %d goroutines, want at most 1+3", n)
+	}
+	if q.Offer(7) {
+		t.Fatal("an eighth job was accepted")
+	}
+	cancel()
+	<-stopped
+	if len(dropped) != 4 {
+		t.Fatalf("OnDrop got %v, want the 4 queued jobs", dropped)
+	}
+	if c := q.Counts(); c.Dropped != 5 || c.Finished != 3 {
+		t.Fatalf("counts after stop %+v, want 5 dropped (1 full + 4 at stop), 3 finished", c)
+	}
+	close(release)
 }

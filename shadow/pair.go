@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -39,6 +40,38 @@ type Request struct {
 	// ToolChoice is "auto" (or empty), "none", "required", or the name of the one function
 	// the request forces.
 	ToolChoice string
+	// MaxTokensSet: the request set an output bound (max_tokens, max_completion_tokens,
+	// max_output_tokens), so finishing by "length" is the end it asked for.
+	MaxTokensSet bool
+	// AbnormalFinish, when set, lists the finish reasons that count as abnormal (the route's
+	// mirror.abnormal_finish; "missing" for an answer without one). Nil: DefaultAbnormal.
+	AbnormalFinish []string
+}
+
+// FinishMissing names an answer without a finish reason in AbnormalFinish lists.
+const FinishMissing = "missing"
+
+// abnormal reports whether an OK answer's finish reason is abnormal for r: one of the
+// route's list, or by default content_filter, a missing one, or length when the request set
+// no output bound (a model running into the bound it was given has ended normally).
+func (r Request) abnormal(a Answer) bool {
+	fr := a.FinishReason
+	if fr == "" {
+		if a.Truncated {
+			return false // the capture ended before the answer said how it ended
+		}
+		fr = FinishMissing
+	}
+	if r.AbnormalFinish != nil {
+		return slices.Contains(r.AbnormalFinish, fr)
+	}
+	switch fr {
+	case "content_filter", FinishMissing:
+		return true
+	case "length":
+		return !r.MaxTokensSet
+	}
+	return false
 }
 
 // forcesCall reports whether the request requires a tool call.
@@ -78,16 +111,6 @@ func (a Answer) OK() bool {
 	return a.ErrorClass == "" && (a.Status == 0 || a.Status >= 200 && a.Status < 300)
 }
 
-// AbnormalFinish reports whether an OK answer ended for a reason other than
-// "stop", "tool_calls", "function_call" or an unset one (e.g. "length").
-func (a Answer) AbnormalFinish() bool {
-	switch a.FinishReason {
-	case "", "stop", "tool_calls", "function_call":
-		return false
-	}
-	return true
-}
-
 // SideResult holds the checks of one side of a pair. Checks are made only on
 // OK answers. Problems says why a check broke.
 type SideResult struct {
@@ -119,6 +142,40 @@ type PairResult struct {
 	// Notes holds problems of the request itself, such as a schema that does
 	// not compile (the affected checks are then not made).
 	Notes []string
+
+	// Baseline holds the checks of the baseline's answer (the primary's version, asked in
+	// its sandbox at the same moment as the candidate): nil without a baseline.
+	Baseline *SideResult
+	// NoiseSimilarity is RougeL of the baseline's answer against the primary's, this
+	// request's noise-floor sample; valid when NoiseValid (both OK and whole).
+	NoiseSimilarity float64
+	NoiseValid      bool
+	// Loads are how loaded each side's cluster was when the request was sent to it.
+	Loads Loads
+}
+
+// Loads are the requests in flight per endpoint of each side's cluster at the moment the
+// request was sent to it (the request itself included). Valid is false when unmeasured.
+type Loads struct {
+	Primary, Baseline, Candidate float64
+	Valid                        bool
+}
+
+// CompareTriple compares the candidate's answer against the primary's (similarity,
+// schema and tool-call checks) and, when a baseline answered (baseline not nil), checks the
+// baseline's answer the same way and measures the primary-against-baseline similarity: the
+// noise floor, for nothing extra sent to production.
+func (c *SchemaCache) CompareTriple(req Request, primary Answer, baseline *Answer, candidate Answer) PairResult {
+	r := c.Compare(req, primary, candidate)
+	if baseline == nil {
+		return r
+	}
+	b := c.side(req, *baseline, func(string) {})
+	r.Baseline = &b
+	if primary.OK() && baseline.OK() && !primary.Truncated && !baseline.Truncated {
+		r.NoiseSimilarity, r.NoiseValid = RougeL(render(*baseline), render(primary)), true
+	}
+	return r
 }
 
 // Compare compares candidate against primary for req, using the package's
@@ -167,11 +224,10 @@ func (c *SchemaCache) side(req Request, a Answer, note func(string)) SideResult 
 	if !s.OK {
 		return s
 	}
+	s.AbnormalFinish = req.abnormal(a)
 	if a.Truncated {
-		s.AbnormalFinish = a.AbnormalFinish()
 		return s
 	}
-	s.AbnormalFinish = a.AbnormalFinish()
 	broke := func(b *bool, format string, args ...any) {
 		*b = true
 		s.Problems = append(s.Problems, fmt.Sprintf(format, args...))
@@ -871,14 +927,20 @@ func (r *ring[T]) values() []T {
 // Evaluate. It keeps the last Window values of each latency and similarity
 // metric and the flags of the last Window pairs (so counts and samples cover
 // recent traffic). Latencies are in milliseconds and taken from OK answers
-// only; zero latencies are not recorded. It is safe for concurrent use.
+// only; zero latencies are not recorded. With a baseline it also keeps the
+// (baseline, candidate) latency pairs of the same requests. It is safe for
+// concurrent use.
 type Accumulator struct {
-	mu                sync.Mutex
-	pTTFT, pITL, pE2E ring[float64]
-	cTTFT, cITL, cE2E ring[float64]
-	sim, noise        ring[float64]
-	flags             ring[[2]uint8] // primary, candidate
-	pairs, replicas   int64
+	mu                      sync.Mutex
+	pTTFT, pITL, pE2E       ring[float64]
+	bTTFT, bITL, bE2E       ring[float64]
+	cTTFT, cITL, cE2E       ring[float64]
+	pairTTFT, pairITL, pair ring[[2]float64] // (baseline, candidate): TTFT, ITL, E2E
+	loads                   ring[[2]float64] // (reference, candidate) in flight per endpoint
+	sim, noise              ring[float64]
+	flags                   ring[[3]uint8] // primary, baseline (0 without), candidate
+	pairs, replicas         int64
+	triples                 int64
 }
 
 // NewAccumulator returns an accumulator keeping window values per metric
@@ -888,10 +950,13 @@ func NewAccumulator(window int) *Accumulator {
 		window = DefaultWindow
 	}
 	a := &Accumulator{}
-	for _, r := range []*ring[float64]{&a.pTTFT, &a.pITL, &a.pE2E, &a.cTTFT, &a.cITL, &a.cE2E, &a.sim, &a.noise} {
+	for _, r := range []*ring[float64]{&a.pTTFT, &a.pITL, &a.pE2E, &a.bTTFT, &a.bITL, &a.bE2E, &a.cTTFT, &a.cITL, &a.cE2E, &a.sim, &a.noise} {
 		*r = newRing[float64](window)
 	}
-	a.flags = newRing[[2]uint8](window)
+	for _, r := range []*ring[[2]float64]{&a.pairTTFT, &a.pairITL, &a.pair, &a.loads} {
+		*r = newRing[[2]float64](window)
+	}
+	a.flags = newRing[[3]uint8](window)
 	return a
 }
 
@@ -900,6 +965,12 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func addLatency(r *ring[float64], d time.Duration) {
 	if d > 0 {
 		r.add(ms(d))
+	}
+}
+
+func addPair(r *ring[[2]float64], b, c time.Duration) {
+	if b > 0 && c > 0 {
+		r.add([2]float64{ms(b), ms(c)})
 	}
 }
 
@@ -919,21 +990,42 @@ func sideFlags(s SideResult) uint8 {
 	return f
 }
 
-// Add records one compared pair.
+func addSide(s SideResult, ttft, itl, e2e *ring[float64]) {
+	if s.OK {
+		addLatency(ttft, s.TTFT)
+		addLatency(itl, s.ITL)
+		addLatency(e2e, s.E2E)
+	}
+}
+
+// Add records one compared pair (or triple: r.Baseline set).
 func (a *Accumulator) Add(r PairResult) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.pairs++
-	a.flags.add([2]uint8{sideFlags(r.Primary), sideFlags(r.Candidate)})
-	if r.Primary.OK {
-		addLatency(&a.pTTFT, r.Primary.TTFT)
-		addLatency(&a.pITL, r.Primary.ITL)
-		addLatency(&a.pE2E, r.Primary.E2E)
+	fl := [3]uint8{sideFlags(r.Primary), 0, sideFlags(r.Candidate)}
+	addSide(r.Primary, &a.pTTFT, &a.pITL, &a.pE2E)
+	addSide(r.Candidate, &a.cTTFT, &a.cITL, &a.cE2E)
+	if b := r.Baseline; b != nil {
+		a.triples++
+		fl[1] = sideFlags(*b)
+		addSide(*b, &a.bTTFT, &a.bITL, &a.bE2E)
+		if b.OK && r.Candidate.OK {
+			addPair(&a.pairTTFT, b.TTFT, r.Candidate.TTFT)
+			addPair(&a.pairITL, b.ITL, r.Candidate.ITL)
+			addPair(&a.pair, b.E2E, r.Candidate.E2E)
+		}
+		if r.NoiseValid {
+			a.noise.add(r.NoiseSimilarity)
+		}
 	}
-	if r.Candidate.OK {
-		addLatency(&a.cTTFT, r.Candidate.TTFT)
-		addLatency(&a.cITL, r.Candidate.ITL)
-		addLatency(&a.cE2E, r.Candidate.E2E)
+	a.flags.add(fl)
+	if l := r.Loads; l.Valid {
+		ref := l.Primary
+		if r.Baseline != nil {
+			ref = l.Baseline
+		}
+		a.loads.add([2]float64{ref, l.Candidate})
 	}
 	if r.SimilarityValid {
 		a.sim.add(r.Similarity)
@@ -971,9 +1063,33 @@ func (a *Accumulator) Input() Input {
 		CandidateSimilarity: a.sim.values(),
 		NoiseFloor:          a.noise.values(),
 	}
-	for _, f := range a.flags.values() {
+	for _, l := range a.loads.values() {
+		in.Load.Reference = append(in.Load.Reference, l[0])
+		in.Load.Candidate = append(in.Load.Candidate, l[1])
+	}
+	flags := a.flags.values()
+	baseline := a.triples > 0
+	if baseline {
+		in.Baseline = &Arm{TTFT: a.bTTFT.values(), ITL: a.bITL.values(), E2E: a.bE2E.values()}
+		in.Paired = Paired{TTFT: a.pairTTFT.values(), ITL: a.pairITL.values(), E2E: a.pair.values()}
+	}
+	for _, f := range flags {
 		count(&in.Primary, f[0])
-		count(&in.Candidate, f[1])
+		count(&in.Candidate, f[2])
+		ref := f[0]
+		if baseline {
+			if f[1] == 0 {
+				continue // a pair from before the baseline: not part of this comparison
+			}
+			count(in.Baseline, f[1])
+			ref = f[1]
+		}
+		if f[2]&flagSchemaBroken != 0 && ref&flagSchemaChecked != 0 && ref&flagSchemaBroken == 0 {
+			in.SchemaBrokeAlone++
+		}
+		if f[2]&flagToolBroken != 0 && ref&flagToolChecked != 0 && ref&flagToolBroken == 0 {
+			in.ToolBrokeAlone++
+		}
 	}
 	return in
 }

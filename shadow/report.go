@@ -13,15 +13,31 @@ import (
 )
 
 // MirrorStats are a route's mirror counters, supplied by the mirroring runtime: requests
-// offered to the mirror (chosen by the fraction), copies sent to the sandbox, copies
-// dropped because the queue was full, copies that failed before an answer, and replica
-// requests sent to the primary cluster for the noise floor.
+// offered to the mirror (chosen by the fraction), mirrored (their sandbox copies sent),
+// dropped (a queue was full: before sending, or before comparing), compared (pairs or
+// triples judged) and incomplete (the primary did not finish, or did not within the
+// mirror's time-out), and per side what was sent, failed and compared.
 type MirrorStats struct {
-	Offered  int64 `json:"offered"`
-	Mirrored int64 `json:"mirrored"`
-	Dropped  int64 `json:"dropped"`
-	Failed   int64 `json:"failed"`
-	Replicas int64 `json:"replicas"`
+	Offered    int64 `json:"offered"`
+	Mirrored   int64 `json:"mirrored"`
+	Dropped    int64 `json:"dropped"`
+	Compared   int64 `json:"compared"`
+	Incomplete int64 `json:"incomplete"`
+	// Failed counts the candidate's failed copies, Replicas the replica answers taken into
+	// the noise floor (kept for readers of older reports; Sides has the same).
+	Failed   int64       `json:"failed"`
+	Replicas int64       `json:"replicas"`
+	Sides    []SideStats `json:"sides,omitempty"`
+}
+
+// SideStats are one sandbox side's counters: the candidate, the baseline or the replica
+// (copies to the primary's own cluster).
+type SideStats struct {
+	Side     string `json:"side"`
+	Cluster  string `json:"cluster"`
+	Sent     int64  `json:"sent"`
+	Failed   int64  `json:"failed"`
+	Compared int64  `json:"compared"`
 }
 
 // RouteInput is what the gateway knows of one mirrored route when a report is built.
@@ -31,6 +47,9 @@ type RouteInput struct {
 	Route            string
 	PrimaryCluster   string
 	CandidateCluster string
+	// BaselineCluster is the baseline's sandbox cluster, when the route has one ("": the
+	// cluster of Mirror's "baseline" side, if any).
+	BaselineCluster string
 	// CandidateID selects the stored pairs restored when Input is nil ("" : the newest's).
 	CandidateID string
 	// Input is the current accumulator's snapshot (Accumulator.Input).
@@ -78,6 +97,7 @@ type Report struct {
 type RouteReport struct {
 	Route            string     `json:"route"`
 	PrimaryCluster   string     `json:"primary_cluster,omitempty"`
+	BaselineCluster  string     `json:"baseline_cluster,omitempty"`
 	CandidateCluster string     `json:"candidate_cluster,omitempty"`
 	Verdict          *Verdict   `json:"verdict,omitempty"`
 	VerdictTime      *time.Time `json:"verdict_time,omitempty"`
@@ -89,8 +109,26 @@ type RouteReport struct {
 	Mirror        MirrorStats       `json:"mirror"`
 	Distributions []Distribution    `json:"distributions"`
 	Similarity    SimilaritySummary `json:"similarity"`
+	// Loads summarises the loads the reference and the candidate served in the window, when
+	// they were measured.
+	Loads *LoadSummary `json:"loads,omitempty"`
 	// Problems are recent pairs' problems, newest first.
 	Problems []PairProblem `json:"problems"`
+}
+
+// LoadSummary is the mean load (requests in flight per endpoint of the side's cluster when
+// each request was sent to it, the request itself included) of the reference (ReferenceName:
+// "baseline" or "primary") and of the candidate over the window's N measured pairs, and
+// their request rates per endpoint (requests begun a second over the gateway's last
+// interval) when the gateway measured them (Input.Load's rates; not in a report rebuilt from
+// the store).
+type LoadSummary struct {
+	ReferenceName string  `json:"reference_name"`
+	Reference     float64 `json:"reference"`
+	Candidate     float64 `json:"candidate"`
+	N             int     `json:"n"`
+	ReferenceRate float64 `json:"reference_rate,omitempty"`
+	CandidateRate float64 `json:"candidate_rate,omitempty"`
 }
 
 // HistoryEntry is one past verdict.
@@ -120,11 +158,16 @@ func armCounts(a Arm) ArmCounts {
 		ToolCallBroken: a.ToolCallBroken}
 }
 
-// Samples says how much data is behind the verdict.
+// Samples says how much data is behind the verdict: per side the requests of the window
+// (Baseline, with a baseline, counts the triples' baseline answers: then the reference), and
+// the noise-floor samples, from NoiseFloorSource ("baseline": the primary against the
+// baseline, "replica": against a replica of the primary; "" when none).
 type Samples struct {
-	Primary    ArmCounts `json:"primary"`
-	Candidate  ArmCounts `json:"candidate"`
-	NoiseFloor int       `json:"noise_floor"` // replica similarities in the window
+	Primary          ArmCounts  `json:"primary"`
+	Baseline         *ArmCounts `json:"baseline,omitempty"`
+	Candidate        ArmCounts  `json:"candidate"`
+	NoiseFloor       int        `json:"noise_floor"`
+	NoiseFloorSource string     `json:"noise_floor_source,omitempty"`
 	// PairsTotal and ReplicasTotal are the accumulator's totals since start (or restore).
 	PairsTotal    int64 `json:"pairs_total"`
 	ReplicasTotal int64 `json:"replicas_total"`
@@ -143,25 +186,28 @@ type Percentiles struct {
 	P99  float64 `json:"p99"`
 }
 
-// Distribution shows one latency metric of both sides: percentiles and a histogram over
-// shared bucket edges (len(Edges) = buckets+1; the last bucket also holds everything above
-// its upper edge).
+// Distribution shows one latency metric of every side (the primary, the baseline when the
+// route has one, the candidate): percentiles and a histogram over shared bucket edges
+// (len(Edges) = buckets+1; the last bucket also holds everything above its upper edge).
 type Distribution struct {
-	Metric          string      `json:"metric"`
-	Unit            string      `json:"unit"`
-	Primary         Percentiles `json:"primary"`
-	Candidate       Percentiles `json:"candidate"`
-	Edges           []float64   `json:"edges"`
-	PrimaryCounts   []int       `json:"primary_counts"`
-	CandidateCounts []int       `json:"candidate_counts"`
+	Metric          string       `json:"metric"`
+	Unit            string       `json:"unit"`
+	Primary         Percentiles  `json:"primary"`
+	Baseline        *Percentiles `json:"baseline,omitempty"`
+	Candidate       Percentiles  `json:"candidate"`
+	Edges           []float64    `json:"edges"`
+	PrimaryCounts   []int        `json:"primary_counts"`
+	BaselineCounts  []int        `json:"baseline_counts,omitempty"`
+	CandidateCounts []int        `json:"candidate_counts"`
 }
 
 // SimilaritySummary compares the candidate's similarity to the primary with the noise floor
-// (replica vs primary).
+// (the primary against the baseline, or against a replica: Reference says which).
 type SimilaritySummary struct {
 	Candidate  Percentiles   `json:"candidate"`
 	NoiseFloor Percentiles   `json:"noise_floor"`
 	Margin     float64       `json:"margin"`
+	Reference  string        `json:"reference,omitempty"`
 	Verdict    MetricVerdict `json:"verdict,omitempty"`
 	Note       string        `json:"note,omitempty"`
 }
@@ -170,7 +216,7 @@ type SimilaritySummary struct {
 type PairProblem struct {
 	Time      time.Time `json:"ts"`
 	RequestID string    `json:"request_id,omitempty"`
-	Side      string    `json:"side"` // primary, candidate or pair
+	Side      string    `json:"side"` // primary, baseline, candidate or pair
 	Problem   string    `json:"problem"`
 }
 
@@ -200,9 +246,14 @@ func BuildReport(ctx context.Context, store *Store, routes []RouteInput) (Report
 
 func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, error) {
 	cfg := in.Config.WithDefaults()
-	rr := RouteReport{Route: in.Route, PrimaryCluster: in.PrimaryCluster, CandidateCluster: in.CandidateCluster,
-		Mirror: in.Mirror, Action: in.Action, VerdictSource: SourceNone, History: []HistoryEntry{},
-		Problems: []PairProblem{}}
+	rr := RouteReport{Route: in.Route, PrimaryCluster: in.PrimaryCluster, BaselineCluster: in.BaselineCluster,
+		CandidateCluster: in.CandidateCluster, Mirror: in.Mirror, Action: in.Action, VerdictSource: SourceNone,
+		History: []HistoryEntry{}, Problems: []PairProblem{}}
+	for _, sd := range in.Mirror.Sides {
+		if rr.BaselineCluster == "" && sd.Side == "baseline" {
+			rr.BaselineCluster = sd.Cluster
+		}
+	}
 	input := in.Input
 	pairs, replicas := in.Pairs, in.Replicas
 	if store != nil {
@@ -263,27 +314,51 @@ func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, 
 		rr.Verdict = &v
 	}
 	rr.Samples.Primary, rr.Samples.Candidate = armCounts(input.Primary), armCounts(input.Candidate)
+	if input.Baseline != nil {
+		b := armCounts(*input.Baseline)
+		rr.Samples.Baseline = &b
+	}
 	rr.Samples.NoiseFloor = len(input.NoiseFloor)
+	if rr.Samples.NoiseFloor > 0 {
+		rr.Samples.NoiseFloorSource = map[bool]string{true: "baseline", false: "replica"}[input.Baseline != nil]
+	}
 	rr.Samples.PairsTotal, rr.Samples.ReplicasTotal = pairs, replicas
 	rr.Samples.MinSamples = cfg.MinSamples
+	var base Arm
+	if input.Baseline != nil {
+		base = *input.Baseline
+	}
 	for _, m := range []struct {
-		name string
-		p, c []float64
+		name    string
+		p, b, c []float64
 	}{
-		{MetricTTFT, input.Primary.TTFT, input.Candidate.TTFT},
-		{MetricITL, input.Primary.ITL, input.Candidate.ITL},
-		{MetricE2E, input.Primary.E2E, input.Candidate.E2E},
+		{MetricTTFT, input.Primary.TTFT, base.TTFT, input.Candidate.TTFT},
+		{MetricITL, input.Primary.ITL, base.ITL, input.Candidate.ITL},
+		{MetricE2E, input.Primary.E2E, base.E2E, input.Candidate.E2E},
 	} {
-		rr.Distributions = append(rr.Distributions, distribution(m.name, finite(m.p), finite(m.c)))
+		rr.Distributions = append(rr.Distributions, distribution(m.name, finite(m.p), finite(m.b), finite(m.c), input.Baseline != nil))
 	}
 	rr.Similarity = SimilaritySummary{Candidate: percentiles(finite(input.CandidateSimilarity)),
 		NoiseFloor: percentiles(finite(input.NoiseFloor)), Margin: cfg.SimilarityMargin}
 	if rr.Verdict != nil {
 		for _, e := range rr.Verdict.Evidence {
 			if e.Metric == MetricSimilarity {
-				rr.Similarity.Verdict, rr.Similarity.Note = e.Verdict, e.Note
+				rr.Similarity.Verdict, rr.Similarity.Note, rr.Similarity.Reference = e.Verdict, e.Note, e.Reference
 			}
 		}
+	}
+	if rr.Similarity.Reference == "" && rr.Samples.NoiseFloorSource != "" {
+		rr.Similarity.Reference = "noise floor (primary against " + rr.Samples.NoiseFloorSource + ")"
+	}
+	if l := input.Load; len(l.Reference) > 0 && len(l.Candidate) > 0 || l.ReferenceRate > 0 || l.CandidateRate > 0 {
+		ls := LoadSummary{ReferenceName: "primary", ReferenceRate: finiteOr(l.ReferenceRate), CandidateRate: finiteOr(l.CandidateRate)}
+		if ref, cand := finite(l.Reference), finite(l.Candidate); len(ref) > 0 && len(cand) > 0 {
+			ls.Reference, ls.Candidate, ls.N = Mean(ref), Mean(cand), min(len(ref), len(cand))
+		}
+		if input.Baseline != nil {
+			ls.ReferenceName = "baseline"
+		}
+		rr.Loads = &ls
 	}
 	return rr, nil
 }
@@ -300,11 +375,25 @@ func recentProblems(ctx context.Context, store *Store, route string) ([]PairProb
 	}
 	for _, p := range ps {
 		var probs [][2]string
-		if !p.Result.Candidate.OK && p.Result.Primary.OK {
+		// A candidate's failure is a problem when its reference (the baseline when there is
+		// one) answered; a baseline's failure when the primary did (the sandbox is unwell).
+		refOK := p.Result.Primary.OK
+		if b := p.Result.Baseline; b != nil {
+			refOK = b.OK
+		}
+		if !p.Result.Candidate.OK && refOK {
 			probs = append(probs, [2]string{"candidate", describeFailure(p.Candidate)})
 		}
 		for _, x := range p.Result.Candidate.Problems {
 			probs = append(probs, [2]string{"candidate", x})
+		}
+		if b := p.Result.Baseline; b != nil {
+			if !b.OK && p.Result.Primary.OK && p.Baseline != nil {
+				probs = append(probs, [2]string{"baseline", describeFailure(*p.Baseline)})
+			}
+			for _, x := range b.Problems {
+				probs = append(probs, [2]string{"baseline", x})
+			}
 		}
 		for _, x := range p.Result.Primary.Problems {
 			probs = append(probs, [2]string{"primary", x})
@@ -355,19 +444,33 @@ func percentiles(xs []float64) Percentiles {
 	return Percentiles{N: len(s), Mean: Mean(s), P50: quantile(s, 0.5), P90: quantile(s, 0.9), P99: quantile(s, 0.99)}
 }
 
-func distribution(metric string, p, c []float64) Distribution {
+// distribution builds the percentiles and histograms of one metric: of the primary, the
+// baseline (when withBaseline) and the candidate, over shared edges.
+func distribution(metric string, p, b, c []float64, withBaseline bool) Distribution {
 	d := Distribution{Metric: metric, Unit: "ms", Primary: percentiles(p), Candidate: percentiles(c)}
-	if len(p)+len(c) == 0 {
+	sides := [][]float64{p, c}
+	if withBaseline {
+		bp := percentiles(b)
+		d.Baseline = &bp
+		sides = append(sides, b)
+	}
+	if len(p)+len(b)+len(c) == 0 {
 		d.Edges, d.PrimaryCounts, d.CandidateCounts = []float64{}, []int{}, []int{}
+		if withBaseline {
+			d.BaselineCounts = []int{}
+		}
 		return d
 	}
 	lo := math.Inf(1)
-	for _, xs := range [][]float64{p, c} {
+	for _, xs := range sides {
 		for _, v := range xs {
 			lo = math.Min(lo, v)
 		}
 	}
 	hi := math.Max(d.Primary.P99, d.Candidate.P99)
+	if d.Baseline != nil {
+		hi = math.Max(hi, d.Baseline.P99)
+	}
 	if !(hi > lo) {
 		hi = lo + 1
 	}
@@ -385,18 +488,47 @@ func distribution(metric string, p, c []float64) Distribution {
 		return out
 	}
 	d.PrimaryCounts, d.CandidateCounts = count(p), count(c)
+	if withBaseline {
+		d.BaselineCounts = count(b)
+	}
 	return d
 }
 
-// formatEffect renders an Evidence's effect in its metric's terms: a relative change for
-// latencies, percentage points for rates, an absolute difference for similarity.
+// isLatency reports whether e is a latency metric.
+func isLatency(e Evidence) bool {
+	switch e.Metric {
+	case MetricTTFT, MetricITL, MetricE2E:
+		return true
+	}
+	return false
+}
+
+// judged reports whether e's numbers were computed (not skipped, too few samples, or not
+// exercised).
+func judged(e Evidence) bool {
+	switch e.Verdict {
+	case Skipped, Insufficient, NotExercised:
+		return false
+	}
+	return true
+}
+
+// formatEffect renders an Evidence's effect in its metric's terms: for paired latencies the
+// ratio of the candidate's median to the baseline's with its confidence interval
+// ("×1.31 [1.22, 1.40]"), for other latencies a relative change, percentage points for
+// rates, an absolute difference for similarity.
 func formatEffect(e Evidence) string {
 	switch {
-	case e.Verdict == Skipped || e.Verdict == Insufficient:
+	case !judged(e):
 		return "-"
+	case e.Ratio != 0 && !math.IsInf(e.Ratio, 0) && !math.IsNaN(e.Ratio):
+		if e.Low == 0 && e.High == 0 {
+			return fmt.Sprintf("×%.2f", e.Ratio)
+		}
+		return fmt.Sprintf("×%.2f [%.2f, %.2f]", e.Ratio, e.Low, e.High)
 	case e.Effect >= math.MaxFloat64 || math.IsInf(e.Effect, 1):
 		return "+inf"
-	case e.Test == StatMannWhitney && e.Metric != MetricSimilarity:
+	case isLatency(e):
 		return fmt.Sprintf("%+.1f%%", e.Effect*100)
 	case e.Metric == MetricSimilarity:
 		return fmt.Sprintf("%+.3f", e.Effect)
@@ -409,7 +541,9 @@ func formatBound(e Evidence) string {
 	switch {
 	case e.Critical:
 		return "any"
-	case e.Test == StatMannWhitney && e.Metric != MetricSimilarity:
+	case isLatency(e) && e.Test == StatWilcoxon:
+		return fmt.Sprintf("×%.2f", 1+e.Bound)
+	case isLatency(e):
 		return fmt.Sprintf("%.1f%%", e.Bound*100)
 	case e.Metric == MetricSimilarity:
 		return fmt.Sprintf("%.3f", e.Bound)
@@ -419,7 +553,7 @@ func formatBound(e Evidence) string {
 }
 
 func formatP(e Evidence) string {
-	if e.Verdict == Skipped || e.Verdict == Insufficient {
+	if !judged(e) {
 		return "-"
 	}
 	if e.P < 1e-4 {
@@ -428,19 +562,54 @@ func formatP(e Evidence) string {
 	return fmt.Sprintf("%.4f", e.P)
 }
 
-// formatValue renders an Evidence's primary or candidate value: a median in ms, a rate in
+// formatValue renders an Evidence's reference or candidate value: a median in ms, a rate in
 // percent, a mean similarity.
 func formatValue(e Evidence, v float64) string {
 	switch {
-	case e.Verdict == Skipped || e.Verdict == Insufficient:
+	case !judged(e):
 		return "-"
 	case e.Metric == MetricSimilarity:
 		return fmt.Sprintf("%.3f", v)
-	case e.Test == StatMannWhitney:
+	case isLatency(e):
 		return fmtNum(v) + "ms"
 	default:
 		return fmt.Sprintf("%.2f%%", v*100)
 	}
+}
+
+// formatN renders an Evidence's sample sizes: "n pairs" for paired tests, else
+// "reference/candidate".
+func formatN(e Evidence, sep string) string {
+	if e.Test == StatWilcoxon {
+		return fmt.Sprintf("%d pairs", e.NCandidate)
+	}
+	return fmt.Sprintf("%d%s%d", e.NPrimary, sep, e.NCandidate)
+}
+
+// evidenceReference names what e judged the candidate against ("primary" for evidence stored
+// before references were recorded).
+func evidenceReference(e Evidence) string {
+	if e.Reference == "" {
+		return "primary"
+	}
+	return e.Reference
+}
+
+// noted reports whether e's note is listed under the text report's table: the notes that
+// say why a metric was not judged or judged apart (not_comparable gives the two loads,
+// not_exercised and a critical check's insufficient how often the candidate broke alone).
+// The HTML table shows every note.
+func noted(e Evidence) bool {
+	if e.Note == "" {
+		return false
+	}
+	switch e.Verdict {
+	case NotComparable, NotExercised, Inconclusive:
+		return true
+	case Insufficient:
+		return e.Critical
+	}
+	return false
 }
 
 // fmtNum prints a latency with 3 significant digits (no exponent below a million).
@@ -483,8 +652,9 @@ func oneLineText(s string, n int) string {
 	return s
 }
 
-// WriteText renders the report for a terminal: per route, the decision, the per-metric
-// table, the distributions side by side, the similarity against the noise floor, the
+// WriteText renders the report for a terminal: per route, the decision, the mirror's
+// counters (per side), the samples and loads, the per-metric table with the notes of what
+// was not judged or holds, the distributions side by side (primary, baseline, candidate), the similarity against the noise floor, the
 // verdict history and recent problems.
 func (r Report) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
@@ -519,7 +689,10 @@ func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, 
 
 func writeRouteText(ew *errWriter, rr RouteReport) {
 	head := "route " + rr.Route
-	if rr.PrimaryCluster != "" || rr.CandidateCluster != "" {
+	switch {
+	case rr.BaselineCluster != "":
+		head += fmt.Sprintf("  (primary %s, baseline %s, candidate %s)", orDash(rr.PrimaryCluster), rr.BaselineCluster, orDash(rr.CandidateCluster))
+	case rr.PrimaryCluster != "" || rr.CandidateCluster != "":
 		head += fmt.Sprintf("  (primary %s, candidate %s)", orDash(rr.PrimaryCluster), orDash(rr.CandidateCluster))
 	}
 	ew.printf("%s\n", termSafe(head))
@@ -538,38 +711,93 @@ func writeRouteText(ew *errWriter, rr RouteReport) {
 		ew.printf("\n")
 	}
 	m := rr.Mirror
-	ew.printf("  mirror:   offered %d, mirrored %d, dropped %d, failed %d, replicas %d\n",
-		m.Offered, m.Mirrored, m.Dropped, m.Failed, m.Replicas)
-	s := rr.Samples
-	ew.printf("  samples:  window %d pairs (candidate errors %d, primary errors %d), noise floor %d, min %d per side; stored %d pairs, %d verdicts\n",
-		s.Candidate.Requests, s.Candidate.Errors, s.Primary.Errors, s.NoiseFloor, s.MinSamples, s.StoredPairs, s.StoredVerdicts)
-	if rr.Verdict != nil && len(rr.Verdict.Evidence) > 0 {
-		ew.printf("\n")
+	ew.printf("  mirror:   offered %d, mirrored %d, dropped %d, compared %d, incomplete %d", m.Offered, m.Mirrored, m.Dropped,
+		m.Compared, m.Incomplete)
+	if len(m.Sides) == 0 {
+		ew.printf(", failed %d, replicas %d", m.Failed, m.Replicas)
+	}
+	ew.printf("\n")
+	if len(m.Sides) > 0 {
 		tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  metric\ttest\tn (p/c)\tprimary\tcandidate\teffect\tbound\tp\tverdict\t")
-		for _, e := range rr.Verdict.Evidence {
-			fmt.Fprintf(tw, "  %s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", termSafe(metricName(e)), termSafe(e.Test), e.NPrimary, e.NCandidate,
-				formatValue(e, e.Primary), formatValue(e, e.Cand), formatEffect(e), formatBound(e), formatP(e), termSafe(string(e.Verdict)))
+		fmt.Fprintln(tw, "            side\tcluster\tsent\tfailed\tcompared\t")
+		for _, sd := range m.Sides {
+			fmt.Fprintf(tw, "            %s\t%s\t%d\t%d\t%d\t\n", oneLineText(sd.Side, 32), orDash(oneLineText(sd.Cluster, MaxNameLen)),
+				sd.Sent, sd.Failed, sd.Compared)
 		}
 		_ = tw.Flush()
 	}
+	s := rr.Samples
+	errs := fmt.Sprintf("candidate errors %d", s.Candidate.Errors)
+	if s.Baseline != nil {
+		errs += fmt.Sprintf(", baseline errors %d", s.Baseline.Errors)
+	}
+	errs += fmt.Sprintf(", primary errors %d", s.Primary.Errors)
+	noise := fmt.Sprintf("noise floor %d", s.NoiseFloor)
+	if s.NoiseFloorSource != "" {
+		noise += " (primary against " + s.NoiseFloorSource + ")"
+	}
+	ew.printf("  samples:  window %d pairs (%s), %s, min %d per side; stored %d pairs, %d verdicts\n",
+		s.Candidate.Requests, errs, noise, s.MinSamples, s.StoredPairs, s.StoredVerdicts)
+	if l := rr.Loads; l != nil {
+		ew.printf("  loads:    %s\n", termSafe(loadsLine(*l)))
+	}
+	if rr.Verdict != nil && len(rr.Verdict.Evidence) > 0 {
+		ew.printf("\n")
+		tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  metric\treference\ttest\tn (r/c)\treference\tcandidate\teffect\tbound\tp\tverdict\t")
+		var notes []Evidence
+		for _, e := range rr.Verdict.Evidence {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", termSafe(metricName(e)), oneLineText(evidenceReference(e), 64),
+				termSafe(e.Test), formatN(e, "/"), formatValue(e, e.Primary), formatValue(e, e.Cand), formatEffect(e), formatBound(e),
+				formatP(e), termSafe(string(e.Verdict)))
+			if noted(e) {
+				notes = append(notes, e)
+			}
+		}
+		_ = tw.Flush()
+		if len(notes) > 0 {
+			ew.printf("\n  notes:\n")
+			for _, e := range notes {
+				ew.printf("    %s %s: %s\n", termSafe(e.Metric), termSafe(string(e.Verdict)), oneLineText(e.Note, 400))
+			}
+		}
+	}
 	ew.printf("\n")
 	tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  latency (ms)\tprimary n\tp50\tp90\tp99\tcandidate n\tp50\tp90\tp99\t")
+	withBaseline := false
 	for _, d := range rr.Distributions {
-		pp, cp := pcts(d.Primary), pcts(d.Candidate)
-		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n", termSafe(d.Metric), d.Primary.N, pp[0], pp[1], pp[2],
-			d.Candidate.N, cp[0], cp[1], cp[2])
+		withBaseline = withBaseline || d.Baseline != nil
+	}
+	if withBaseline {
+		fmt.Fprintln(tw, "  latency (ms)\tprimary n\tp50\tp90\tp99\tbaseline n\tp50\tp90\tp99\tcandidate n\tp50\tp90\tp99\t")
+	} else {
+		fmt.Fprintln(tw, "  latency (ms)\tprimary n\tp50\tp90\tp99\tcandidate n\tp50\tp90\tp99\t")
+	}
+	for _, d := range rr.Distributions {
+		row := "  " + termSafe(d.Metric)
+		sides := []Percentiles{d.Primary, d.Candidate}
+		if withBaseline {
+			var b Percentiles
+			if d.Baseline != nil {
+				b = *d.Baseline
+			}
+			sides = []Percentiles{d.Primary, b, d.Candidate}
+		}
+		for _, p := range sides {
+			pp := pcts(p)
+			row += fmt.Sprintf("\t%d\t%s\t%s\t%s", p.N, pp[0], pp[1], pp[2])
+		}
+		fmt.Fprintln(tw, row+"\t")
 	}
 	_ = tw.Flush()
 	sim := rr.Similarity
-	ew.printf("\n  similarity: candidate mean %.3f (n %d) vs noise floor mean %.3f (n %d), margin %.3f",
-		sim.Candidate.Mean, sim.Candidate.N, sim.NoiseFloor.Mean, sim.NoiseFloor.N, sim.Margin)
+	ew.printf("\n  similarity: candidate mean %.3f (n %d) vs %s mean %.3f (n %d), margin %.3f",
+		sim.Candidate.Mean, sim.Candidate.N, oneLineText(orText(sim.Reference, "noise floor"), 64), sim.NoiseFloor.Mean, sim.NoiseFloor.N, sim.Margin)
 	if sim.Verdict != "" {
 		ew.printf(": %s", sim.Verdict)
 	}
 	if sim.Note != "" {
-		ew.printf(" (%s)", sim.Note)
+		ew.printf(" (%s)", oneLineText(sim.Note, 400))
 	}
 	ew.printf("\n")
 	if len(rr.History) > 0 {
@@ -592,6 +820,18 @@ func writeRouteText(ew *errWriter, rr RouteReport) {
 	}
 }
 
+// loadsLine renders a LoadSummary.
+func loadsLine(l LoadSummary) string {
+	var parts []string
+	if l.N > 0 {
+		parts = append(parts, fmt.Sprintf("mean in flight per endpoint: %s %.1f, candidate %.1f (n %d)", l.ReferenceName, l.Reference, l.Candidate, l.N))
+	}
+	if l.ReferenceRate > 0 || l.CandidateRate > 0 {
+		parts = append(parts, fmt.Sprintf("requests a second per endpoint: %s %.1f, candidate %.1f", l.ReferenceName, l.ReferenceRate, l.CandidateRate))
+	}
+	return strings.Join(parts, "; ")
+}
+
 // pcts renders p50, p90 and p99 ("-" without samples).
 func pcts(p Percentiles) [3]string {
 	if p.N == 0 {
@@ -600,9 +840,11 @@ func pcts(p Percentiles) [3]string {
 	return [3]string{fmtNum(p.P50), fmtNum(p.P90), fmtNum(p.P99)}
 }
 
-func orDash(s string) string {
+func orDash(s string) string { return orText(s, "-") }
+
+func orText(s, alt string) string {
 	if s == "" {
-		return "-"
+		return alt
 	}
 	return s
 }
@@ -613,10 +855,12 @@ type htmlRoute struct {
 	Class, Decision, When string
 	Rows                  []htmlRow
 	Charts                []htmlChart
+	HasBaseline           bool
+	Loads                 string // the loads line, "" when not measured
 }
 
 type htmlRow struct {
-	Metric, Test, N, Primary, Cand, Effect, Bound, P, Verdict, Class, Note string
+	Metric, Reference, Test, N, Primary, Cand, Effect, Bound, P, Verdict, Class, Note string
 }
 
 type htmlChart struct {
@@ -627,6 +871,7 @@ type htmlChart struct {
 	MidLabel       string
 	HiLabel        string
 	PrimaryLabel   string
+	BaselineLabel  string // "" without a baseline
 	CandidateLabel string
 }
 
@@ -640,13 +885,32 @@ const (
 	chartW, chartH, chartPad = 420, 120, 4
 )
 
+func pctLabel(p Percentiles) string {
+	return fmt.Sprintf("p50 %s, p90 %s, p99 %s ms (n %d)", fmtNum(p.P50), fmtNum(p.P90), fmtNum(p.P99), p.N)
+}
+
 func chart(d Distribution) htmlChart {
 	c := htmlChart{Distribution: d, Width: chartW, Height: chartH + 18}
-	c.PrimaryLabel = fmt.Sprintf("p50 %s, p90 %s, p99 %s ms (n %d)", fmtNum(d.Primary.P50), fmtNum(d.Primary.P90), fmtNum(d.Primary.P99), d.Primary.N)
-	c.CandidateLabel = fmt.Sprintf("p50 %s, p90 %s, p99 %s ms (n %d)", fmtNum(d.Candidate.P50), fmtNum(d.Candidate.P90), fmtNum(d.Candidate.P99), d.Candidate.N)
+	c.PrimaryLabel, c.CandidateLabel = pctLabel(d.Primary), pctLabel(d.Candidate)
+	type side struct {
+		counts []int
+		total  int
+		class  string
+	}
+	sides := []side{{d.PrimaryCounts, d.Primary.N, "p"}}
+	if d.Baseline != nil {
+		c.BaselineLabel = pctLabel(*d.Baseline)
+		sides = append(sides, side{d.BaselineCounts, d.Baseline.N, "b"})
+	}
+	sides = append(sides, side{d.CandidateCounts, d.Candidate.N, "c"})
 	n := len(d.PrimaryCounts)
-	if n == 0 || len(d.CandidateCounts) != n || len(d.Edges) != n+1 {
+	if n == 0 || len(d.Edges) != n+1 {
 		return c
+	}
+	for _, sd := range sides {
+		if len(sd.counts) != n {
+			return c
+		}
 	}
 	// Bars show each side's share of its own samples, so unequal n compare fairly.
 	share := func(k, total int) float64 {
@@ -657,21 +921,21 @@ func chart(d Distribution) htmlChart {
 	}
 	top := 0.0
 	for i := range n {
-		top = math.Max(top, math.Max(share(d.PrimaryCounts[i], d.Primary.N), share(d.CandidateCounts[i], d.Candidate.N)))
+		for _, sd := range sides {
+			top = math.Max(top, share(sd.counts[i], sd.total))
+		}
 	}
 	if top == 0 {
 		return c
 	}
 	bw := float64(chartW-2*chartPad) / float64(n)
+	sw := bw / float64(len(sides))
 	for i := range n {
 		x := chartPad + float64(i)*bw
-		for j, side := range []struct {
-			k, total int
-			class    string
-		}{{d.PrimaryCounts[i], d.Primary.N, "p"}, {d.CandidateCounts[i], d.Candidate.N, "c"}} {
-			h := share(side.k, side.total) / top * (chartH - 10)
-			c.Bars = append(c.Bars, htmlBar{X: x + float64(j)*bw/2, Y: chartH - h, W: math.Max(bw/2-1, 1), H: h,
-				Class: side.class, Title: fmt.Sprintf("%s–%s ms: %d", fmtNum(d.Edges[i]), fmtNum(d.Edges[i+1]), side.k)})
+		for j, sd := range sides {
+			h := share(sd.counts[i], sd.total) / top * (chartH - 10)
+			c.Bars = append(c.Bars, htmlBar{X: x + float64(j)*sw, Y: chartH - h, W: math.Max(sw-1, 1), H: h,
+				Class: sd.class, Title: fmt.Sprintf("%s–%s ms: %d", fmtNum(d.Edges[i]), fmtNum(d.Edges[i+1]), sd.counts[i])})
 		}
 	}
 	c.LoLabel, c.MidLabel, c.HiLabel = fmtNum(d.Edges[0]), fmtNum(d.Edges[n/2]), fmtNum(d.Edges[n])+"+"
@@ -689,14 +953,18 @@ func htmlRoutes(r Report) []htmlRoute {
 				h.When += " " + rr.VerdictTime.Format(time.RFC3339)
 			}
 			for _, e := range rr.Verdict.Evidence {
-				h.Rows = append(h.Rows, htmlRow{Metric: metricName(e), Test: e.Test,
-					N: fmt.Sprintf("%d / %d", e.NPrimary, e.NCandidate), Primary: formatValue(e, e.Primary),
+				h.Rows = append(h.Rows, htmlRow{Metric: metricName(e), Reference: evidenceReference(e), Test: e.Test,
+					N: formatN(e, " / "), Primary: formatValue(e, e.Primary),
 					Cand: formatValue(e, e.Cand), Effect: formatEffect(e), Bound: formatBound(e), P: formatP(e),
 					Verdict: string(e.Verdict), Class: string(e.Verdict), Note: e.Note})
 			}
 		}
 		for _, d := range rr.Distributions {
 			h.Charts = append(h.Charts, chart(d))
+			h.HasBaseline = h.HasBaseline || d.Baseline != nil
+		}
+		if l := rr.Loads; l != nil {
+			h.Loads = loadsLine(*l)
 		}
 		out = append(out, h)
 	}
@@ -722,34 +990,38 @@ th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .banner small{font-weight:400;opacity:.9;display:block}
 .banner.promote{background:#2e7d32}.banner.hold{background:#b26a00}.banner.rollback{background:#c62828}.banner.none{background:#616161}
 td.regression,td.rollback{color:#c62828;font-weight:600}td.pass,td.promote{color:#2e7d32}
-td.inconclusive,td.insufficient,td.hold{color:#b26a00}td.skipped{color:#777}
+td.inconclusive,td.insufficient,td.hold,td.not_comparable{color:#b26a00}td.skipped,td.not_exercised{color:#777}
 .charts{display:flex;flex-wrap:wrap;gap:1em}.chart{border:1px solid #ddd;border-radius:6px;padding:.5em}
-svg rect.p{fill:#1f77b4}svg rect.c{fill:#ff7f0e}svg text{font-size:10px;fill:#555}
+svg rect.p{fill:#1f77b4}svg rect.b{fill:#2ca02c}svg rect.c{fill:#ff7f0e}svg text{font-size:10px;fill:#555}
 .legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 .8em;vertical-align:middle}
-.lp{background:#1f77b4}.lc{background:#ff7f0e}.muted{color:#666}
+.lp{background:#1f77b4}.lb{background:#2ca02c}.lc{background:#ff7f0e}.muted{color:#666}
 </style></head><body>
 <h1>Sluice shadow report</h1>
-<p class="muted">Generated {{ts .Generated}}. Candidate versus primary on mirrored traffic; a difference counts only when it is significant and beyond its bound (latency: Mann-Whitney U, rates: two-proportion or Fisher, similarity: against the primary-vs-primary noise floor).</p>
+<p class="muted">Generated {{ts .Generated}}. The candidate against its reference on mirrored traffic: the baseline (the primary's version in a sandbox, asked at the same moment) when the route has one, else the primary. A difference counts only when it is significant and beyond its bound (latency: Wilcoxon signed-rank on the same requests' baseline and candidate latencies, effect the ratio of medians with its confidence interval; without a baseline Mann-Whitney U, and only when both sides served alike loads. Rates: two-proportion or Fisher. Similarity: against the noise floor, the primary against the baseline or a replica).</p>
 {{if not .Routes}}<p>No mirrored routes (no route has a mirror block, or the store is empty).</p>{{end}}
 {{range .Routes}}
 <section>
 <h2>Route {{.Route}}</h2>
-{{if or .PrimaryCluster .CandidateCluster}}<p>primary <b>{{.PrimaryCluster}}</b>, candidate <b>{{.CandidateCluster}}</b></p>{{end}}
+{{if or .PrimaryCluster .BaselineCluster .CandidateCluster}}<p>primary <b>{{.PrimaryCluster}}</b>{{if .BaselineCluster}}, baseline <b>{{.BaselineCluster}}</b>{{end}}, candidate <b>{{.CandidateCluster}}</b></p>{{end}}
 <div class="banner {{.Class}}">{{.Decision}}{{if .Verdict}} — {{.Verdict.Reason}}{{end}}
 <small>{{if .When}}verdict {{.When}}{{end}}{{if .Action}}; action {{.Action}}{{end}}</small></div>
-<p>Mirror: offered {{.Mirror.Offered}}, mirrored {{.Mirror.Mirrored}}, dropped {{.Mirror.Dropped}}, failed {{.Mirror.Failed}}, replicas {{.Mirror.Replicas}}.
-Window: {{.Samples.Candidate.Requests}} pairs (candidate errors {{.Samples.Candidate.Errors}}, primary errors {{.Samples.Primary.Errors}}), noise floor {{.Samples.NoiseFloor}}, at least {{.Samples.MinSamples}} per side needed. Stored: {{.Samples.StoredPairs}} pairs, {{.Samples.StoredVerdicts}} verdicts.</p>
+<p>Mirror: offered {{.Mirror.Offered}}, mirrored {{.Mirror.Mirrored}}, dropped {{.Mirror.Dropped}}, compared {{.Mirror.Compared}}, incomplete {{.Mirror.Incomplete}}{{if not .Mirror.Sides}}, failed {{.Mirror.Failed}}, replicas {{.Mirror.Replicas}}{{end}}.</p>
+{{if .Mirror.Sides}}<table class="sides"><tr><th>side</th><th>cluster</th><th>sent</th><th>failed</th><th>compared</th></tr>
+{{range .Mirror.Sides}}<tr><td>{{.Side}}</td><td>{{.Cluster}}</td><td class="num">{{.Sent}}</td><td class="num">{{.Failed}}</td><td class="num">{{.Compared}}</td></tr>
+{{end}}</table>{{end}}
+<p>Window: {{.Samples.Candidate.Requests}} pairs (candidate errors {{.Samples.Candidate.Errors}}{{with .Samples.Baseline}}, baseline errors {{.Errors}}{{end}}, primary errors {{.Samples.Primary.Errors}}), noise floor {{.Samples.NoiseFloor}}{{with .Samples.NoiseFloorSource}} (primary against {{.}}){{end}}, at least {{.Samples.MinSamples}} per side needed. Stored: {{.Samples.StoredPairs}} pairs, {{.Samples.StoredVerdicts}} verdicts.{{if .Loads}}<br>
+Loads: {{.Loads}}.{{end}}</p>
 {{if .Rows}}
 <h3>Per-metric tests</h3>
-<table><tr><th>metric</th><th>test</th><th>n (primary / candidate)</th><th>primary</th><th>candidate</th><th>effect</th><th>bound</th><th>p</th><th>verdict</th></tr>
-{{range .Rows}}<tr><td>{{.Metric}}</td><td>{{.Test}}</td><td class="num">{{.N}}</td><td class="num">{{.Primary}}</td><td class="num">{{.Cand}}</td><td class="num">{{.Effect}}</td><td class="num">{{.Bound}}</td><td class="num">{{.P}}</td><td class="{{.Class}}" title="{{.Note}}">{{.Verdict}}{{if .Note}} <span class="muted">({{.Note}})</span>{{end}}</td></tr>
+<table><tr><th>metric</th><th>reference</th><th>test</th><th>n (reference / candidate)</th><th>reference</th><th>candidate</th><th>effect</th><th>bound</th><th>p</th><th>verdict</th></tr>
+{{range .Rows}}<tr><td>{{.Metric}}</td><td>{{.Reference}}</td><td>{{.Test}}</td><td class="num">{{.N}}</td><td class="num">{{.Primary}}</td><td class="num">{{.Cand}}</td><td class="num">{{.Effect}}</td><td class="num">{{.Bound}}</td><td class="num">{{.P}}</td><td class="{{.Class}}" title="{{.Note}}">{{.Verdict}}{{if .Note}} <span class="muted">({{.Note}})</span>{{end}}</td></tr>
 {{end}}</table>
 {{end}}
 <h3>Latency distributions</h3>
-<div class="legend"><span class="lp"></span>primary<span class="lc"></span>candidate <span class="muted">(bars: share of each side's samples per bucket; the last bucket holds everything above)</span></div>
+<div class="legend"><span class="lp"></span>primary{{if .HasBaseline}}<span class="lb"></span>baseline{{end}}<span class="lc"></span>candidate <span class="muted">(bars: share of each side's samples per bucket; the last bucket holds everything above)</span></div>
 <div class="charts">
 {{range .Charts}}<div class="chart"><b>{{.Metric}}</b> <span class="muted">({{.Unit}})</span><br>
-<span class="muted">primary {{.PrimaryLabel}}<br>candidate {{.CandidateLabel}}</span><br>
+<span class="muted">primary {{.PrimaryLabel}}<br>{{if .BaselineLabel}}baseline {{.BaselineLabel}}<br>{{end}}candidate {{.CandidateLabel}}</span><br>
 {{if .Bars}}<svg width="{{.Width}}" height="{{.Height}}" viewBox="0 0 {{.Width}} {{.Height}}" role="img" aria-label="{{.Metric}} histogram">
 {{range .Bars}}<rect class="{{.Class}}" x="{{f1 .X}}" y="{{f1 .Y}}" width="{{f1 .W}}" height="{{f1 .H}}"><title>{{.Title}}</title></rect>
 {{end}}<text x="4" y="{{.Height}}">{{.LoLabel}}</text><text x="{{.Width}}" y="{{.Height}}" text-anchor="end">{{.HiLabel}}</text><text x="210" y="{{.Height}}" text-anchor="middle">{{.MidLabel}}</text>
@@ -759,7 +1031,7 @@ Window: {{.Samples.Candidate.Requests}} pairs (candidate errors {{.Samples.Candi
 <h3>Similarity against the noise floor</h3>
 <table><tr><th></th><th>n</th><th>mean</th><th>p50</th><th>p90</th></tr>
 <tr><td>candidate vs primary</td><td class="num">{{.Similarity.Candidate.N}}</td><td class="num">{{f3 .Similarity.Candidate.Mean}}</td><td class="num">{{f3 .Similarity.Candidate.P50}}</td><td class="num">{{f3 .Similarity.Candidate.P90}}</td></tr>
-<tr><td>replica vs primary (noise floor)</td><td class="num">{{.Similarity.NoiseFloor.N}}</td><td class="num">{{f3 .Similarity.NoiseFloor.Mean}}</td><td class="num">{{f3 .Similarity.NoiseFloor.P50}}</td><td class="num">{{f3 .Similarity.NoiseFloor.P90}}</td></tr>
+<tr><td>{{if .Similarity.Reference}}{{.Similarity.Reference}}{{else}}noise floor{{end}}</td><td class="num">{{.Similarity.NoiseFloor.N}}</td><td class="num">{{f3 .Similarity.NoiseFloor.Mean}}</td><td class="num">{{f3 .Similarity.NoiseFloor.P50}}</td><td class="num">{{f3 .Similarity.NoiseFloor.P90}}</td></tr>
 </table>
 <p>Margin {{f3 .Similarity.Margin}}{{if .Similarity.Verdict}}: <b>{{.Similarity.Verdict}}</b>{{end}}{{if .Similarity.Note}} <span class="muted">({{.Similarity.Note}})</span>{{end}}</p>
 {{if .History}}
@@ -780,8 +1052,10 @@ Window: {{.Samples.Candidate.Requests}} pairs (candidate errors {{.Samples.Candi
 `))
 
 // WriteHTML renders the report as one self-contained HTML page (no external assets):
-// per route a verdict banner, the per-metric test table, the latency distributions side
-// by side as inline SVG histograms, the similarity against the noise floor, the verdict
+// per route a verdict banner, the mirror's counters per side, the per-metric test table
+// (reference, test, n, values, effect, bound, p, verdict and note), the loads, the latency
+// distributions of the primary, the baseline and the candidate side by side as inline SVG
+// histograms, the similarity against the noise floor, the verdict
 // history and recent pair problems. Everything from the data is escaped.
 func (r Report) WriteHTML(w io.Writer) error {
 	data := struct {

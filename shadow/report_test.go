@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -176,5 +177,181 @@ func TestReportEmpty(t *testing.T) {
 	}
 	if err := rep.WriteHTML(&h); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// tripleInput accumulates n triples whose candidate is slow times the baseline in TTFT
+// (the primary as fast as the baseline), with loads and noise-floor samples.
+func tripleInput(n int, slow float64) Input {
+	rng := rand.New(rand.NewPCG(3, 4))
+	acc := NewAccumulator(n)
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	for range n {
+		b := 100 + rng.NormFloat64()*20
+		side := func(ttft float64) SideResult {
+			return SideResult{OK: true, TTFT: ms(ttft), ITL: 8 * time.Millisecond, E2E: ms(10 * ttft), SchemaChecked: true}
+		}
+		p, bs, c := side(b*(1+rng.NormFloat64()*0.02)), side(b), side(b*slow*(1+rng.NormFloat64()*0.02))
+		acc.Add(PairResult{Primary: p, Baseline: &bs, Candidate: c, Similarity: 0.8, SimilarityValid: true,
+			NoiseSimilarity: 0.82, NoiseValid: true, Loads: Loads{Primary: 6, Baseline: 2, Candidate: 2.5, Valid: true}})
+	}
+	return acc.Input()
+}
+
+func TestReportTriple(t *testing.T) {
+	ctx := context.Background()
+	store, err := OpenStore(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for i := range 9 {
+		if err := store.AddPair(ctx, testTriple("chat", i, t0.Add(time.Duration(i)*time.Second), i == 8)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := Config{MinSamples: 20}
+	slow := tripleInput(200, 1.3)
+	// Without a baseline, the primary served four times the candidate's load: its
+	// latencies are not comparable. Its schema checks are too few to judge.
+	unpaired := slowInput(200, 1.3)
+	for range 200 {
+		unpaired.Load.Reference = append(unpaired.Load.Reference, 8)
+		unpaired.Load.Candidate = append(unpaired.Load.Candidate, 2)
+	}
+	unpaired.Load.ReferenceRate, unpaired.Load.CandidateRate = 8, 2
+	unpaired.Primary.SchemaChecked, unpaired.Candidate.SchemaChecked = 5, 5
+	mirror := MirrorStats{Offered: 300, Mirrored: 250, Dropped: 50, Compared: 240, Incomplete: 2, Sides: []SideStats{
+		{Side: "candidate", Cluster: "llama-cand", Sent: 250, Failed: 3, Compared: 240},
+		{Side: "baseline", Cluster: `llama-base<script>`, Sent: 250, Failed: 1, Compared: 240},
+	}}
+	tests := []struct {
+		name     string
+		in       []RouteInput
+		decision string
+		text     []string // substrings of the text rendering
+		html     []string // and of the HTML one
+		check    func(t *testing.T, rr RouteReport)
+	}{
+		{name: "triples", decision: "rollback",
+			in: []RouteInput{{Route: "chat", PrimaryCluster: "llama-primary", CandidateCluster: "llama-cand", Input: &slow,
+				Mirror: mirror, Config: cfg}},
+			text: []string{"baseline llama-base", "reference", "wilcoxon-signed-rank", "200 pairs", "×1.3", "×1.10",
+				"compared 240, incomplete 2", "side", "cluster", "llama-cand", "sent", "baseline errors 0",
+				"noise floor 200 (primary against baseline)", "mean in flight per endpoint: baseline 2.0, candidate 2.5 (n 200)",
+				"baseline n", "noise floor (primary against baseline)"},
+			html: []string{`<rect class="b"`, `<span class="lb"></span>baseline`, "<td>baseline</td>", "<th>reference</th>",
+				"llama-base&lt;script&gt;", "<td>wilcoxon-signed-rank</td>", "200 pairs", "baseline p50", "compared 240",
+				"<td class=\"num\">240</td>", "Loads: mean in flight per endpoint: baseline 2.0, candidate 2.5 (n 200)."},
+			check: func(t *testing.T, rr RouteReport) {
+				if rr.BaselineCluster != "llama-base<script>" || rr.Samples.Baseline == nil || rr.Samples.Baseline.Requests != 200 {
+					t.Errorf("baseline cluster %q samples %+v", rr.BaselineCluster, rr.Samples.Baseline)
+				}
+				for _, d := range rr.Distributions {
+					if d.Baseline == nil || d.Baseline.N != 200 || sum(d.BaselineCounts) != 200 || len(d.BaselineCounts) != ReportBuckets {
+						t.Errorf("%s: baseline arm %+v", d.Metric, d)
+					}
+				}
+				e := rr.Verdict.Evidence[0]
+				if e.Metric != MetricTTFT || e.Reference != "baseline" || e.Ratio < 1.2 || !(e.Low < e.Ratio && e.Ratio < e.High) ||
+					!strings.HasPrefix(formatEffect(e), fmt.Sprintf("×%.2f [%.2f, %.2f]", e.Ratio, e.Low, e.High)) {
+					t.Errorf("ttft evidence %+v: %s", e, formatEffect(e))
+				}
+				if rr.Loads == nil || rr.Loads.ReferenceName != "baseline" || rr.Loads.Reference != 2 || rr.Loads.Candidate != 2.5 {
+					t.Errorf("loads %+v", rr.Loads)
+				}
+			}},
+		{name: "not comparable without a baseline", decision: "hold",
+			in: []RouteInput{{Route: "solo", Input: &unpaired, Config: cfg, Mirror: MirrorStats{Offered: 10, Failed: 1, Replicas: 2}}},
+			text: []string{"notes:", "ttft not_comparable: loads differ", "e2e not_comparable: loads differ",
+				"schema_breakage not_exercised: 5 checked", "mean in flight per endpoint: primary 8.0, candidate 2.0 (n 200)",
+				"requests a second per endpoint: primary 8.0, candidate 2.0",
+				"failed 1, replicas 2", "mann-whitney-u"},
+			html: []string{`class="not_comparable"`, "loads differ", `class="not_exercised"`, "failed 1, replicas 2"},
+			check: func(t *testing.T, rr RouteReport) {
+				if rr.Samples.Baseline != nil || rr.Distributions[0].Baseline != nil || rr.BaselineCluster != "" {
+					t.Errorf("a baseline appeared: %+v", rr.Samples)
+				}
+				if rr.Loads == nil || rr.Loads.ReferenceName != "primary" || rr.Loads.ReferenceRate != 8 || rr.Loads.CandidateRate != 2 {
+					t.Errorf("loads %+v", rr.Loads)
+				}
+				for _, e := range rr.Verdict.Evidence[:3] {
+					if e.Metric != MetricITL && (e.Verdict != NotComparable || !strings.Contains(e.Note, "8.0")) {
+						t.Errorf("%s: %s (%s), want not_comparable with the loads", e.Metric, e.Verdict, e.Note)
+					}
+				}
+			}},
+		{name: "offline triples", decision: "hold", in: nil,
+			text: []string{"recent problems", "text is not JSON", "baseline n", "failed: status 503 (upstream_5xx)"},
+			html: []string{`<rect class="b"`, "<td>baseline</td>"},
+			check: func(t *testing.T, rr RouteReport) {
+				if rr.Samples.Baseline == nil || rr.Samples.Baseline.Requests != 9 || rr.Samples.Baseline.Errors != 3 {
+					t.Errorf("restored baseline samples %+v", rr.Samples.Baseline)
+				}
+				var sides []string
+				for _, p := range rr.Problems {
+					sides = append(sides, p.Side)
+				}
+				if !strings.Contains(strings.Join(sides, " "), "baseline") {
+					t.Errorf("no baseline problem among %v", sides)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var st *Store
+			if tt.in == nil {
+				st = store
+			}
+			rep, err := BuildReport(ctx, st, tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Routes) != 1 {
+				t.Fatalf("%d routes", len(rep.Routes))
+			}
+			rr := rep.Routes[0]
+			if rr.Verdict == nil || string(rr.Verdict.Decision) != tt.decision {
+				t.Fatalf("verdict %+v", rr.Verdict)
+			}
+			tt.check(t, rr)
+			b, err := json.Marshal(rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.name == "triples" {
+				for _, k := range []string{`"baseline":{`, `"baseline_counts"`, `"baseline_cluster"`, `"loads":{"reference_name":"baseline"`,
+					`"sides":[`, `"compared":240`, `"incomplete":2`, `"ratio":`, `"ratio_low":`, `"reference":"baseline"`, `"noise_floor_source":"baseline"`} {
+					if !bytes.Contains(b, []byte(k)) {
+						t.Errorf("JSON lacks %s", k)
+					}
+				}
+			}
+			var txt bytes.Buffer
+			if err := rep.WriteText(&txt); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.text {
+				if !strings.Contains(txt.String(), w) {
+					t.Errorf("text lacks %q:\n%s", w, txt.String())
+				}
+			}
+			if testing.Verbose() {
+				t.Log("\n" + txt.String())
+			}
+			var h bytes.Buffer
+			if err := rep.WriteHTML(&h); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.html {
+				if !strings.Contains(h.String(), w) {
+					t.Errorf("html lacks %q", w)
+				}
+			}
+			if strings.Contains(h.String(), "<script>") {
+				t.Errorf("html has an unescaped script")
+			}
+		})
 	}
 }

@@ -18,6 +18,9 @@ func RequestFromBody(body []byte) Request {
 		} `json:"response_format"`
 		Text       json.RawMessage `json:"text"` // Responses: {"format":{...}}
 		ToolChoice json.RawMessage `json:"tool_choice"`
+		MaxTokens  json.RawMessage `json:"max_tokens"`
+		MaxCompl   json.RawMessage `json:"max_completion_tokens"`
+		MaxOutput  json.RawMessage `json:"max_output_tokens"`
 		Tools      []struct {
 			Type       string          `json:"type"`
 			Name       string          `json:"name"`       // Responses
@@ -32,6 +35,11 @@ func RequestFromBody(body []byte) Request {
 		return Request{}
 	}
 	var r Request
+	for _, v := range []json.RawMessage{b.MaxTokens, b.MaxCompl, b.MaxOutput} {
+		if len(v) > 0 && string(v) != "null" {
+			r.MaxTokensSet = true
+		}
+	}
 	if rf := b.ResponseFormat; rf != nil {
 		r.ResponseFormat = rf.Type
 		if rf.Type == FormatJSONSchema {

@@ -38,16 +38,17 @@ const (
 
 // SchemaVersion is the version of the store's tables this binary writes. A store
 // written by a newer binary is refused rather than misread.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
-// PairRecord is one stored mirrored pair: the redacted request, the primary's and the
-// candidate's answers (and the replica's, when the request was also replayed on the
-// primary for the noise floor), and their comparison.
+// PairRecord is one stored mirrored pair, or triple: the redacted request, the primary's
+// and the candidate's answers (the baseline's, when the route has one; the replica's, when
+// the request was also replayed on the primary for the noise floor), and their comparison.
 //
-// Result is the comparison as Compare made it; the Store keeps every field of it that
-// Accumulator.Add reads (side OK, abnormal finish, latencies, schema and tool-call checks
-// and breakage, similarity) plus the problems and notes, so PairResult gives back what
-// Add needs after a restart. The per-side latencies of Result are those of the answers.
+// Result is the comparison as CompareTriple (or Compare) made it; the Store keeps every
+// field of it that Accumulator.Add reads (side OK, abnormal finish, latencies, schema and
+// tool-call checks and breakage, similarity, the baseline's checks, the noise-floor
+// similarity, the loads) plus the problems and notes, so PairResult gives back what Add
+// needs after a restart. The per-side latencies of Result are those of the answers.
 type PairRecord struct {
 	ID    int64  // assigned by the store
 	Route string // route name
@@ -62,6 +63,8 @@ type PairRecord struct {
 	Request json.RawMessage
 	// Primary and Candidate are the two answers (text bounded by MaxStoredText).
 	Primary, Candidate Answer
+	// Baseline is the baseline's answer, when the route has one (see SetBaseline).
+	Baseline *Answer
 	// Replica is the primary cluster's second answer, when one was made.
 	Replica *Answer
 	// ReplicaSimilarity is the noise-floor sample of Replica (see ReplicaSimilarity);
@@ -84,6 +87,14 @@ func NewPairRecord(route string, at time.Time, body []byte, primary, candidate A
 		r.ReplicaSimilarity, r.ReplicaValid = ReplicaSimilarity(primary, *replica)
 	}
 	return r
+}
+
+// SetBaseline keeps the baseline's answer (the primary's version asked in a sandbox at the
+// same moment as the candidate), bounded as the others. Its checks, the noise-floor
+// similarity against the primary and the loads are in Result.
+func (r *PairRecord) SetBaseline(b Answer) {
+	bb := boundAnswer(b)
+	r.Baseline = &bb
 }
 
 // PairResult returns the comparison to feed Accumulator.Add.
@@ -201,7 +212,8 @@ func (s *Store) Path() string { return s.path }
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-// sideCols are the columns of one answer and its checks, prefixed p_, c_ or r_.
+// answerCols and checkCols are the columns of one answer and of its checks, prefixed p_
+// (primary), b_ (baseline), c_ (candidate) or r_ (replica: the answer only).
 var answerCols = []string{"status", "error_class", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens", "finish_reason", "text", "tool_calls"}
 var checkCols = []string{"ok", "abnormal", "json_valid", "schema_checked", "schema_broken", "tool_checked", "tool_broken", "problems"}
 
@@ -266,6 +278,23 @@ CREATE INDEX pairs_route_candidate_ts ON pairs(route, candidate, ts_ns, id);`,
 	// hashing guessed session ids.
 	`CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 INSERT INTO meta (key, value) VALUES ('session_key', randomblob(32));`,
+	// 4: the baseline's answer and checks (the primary's version asked in a sandbox at the
+	// same moment as the candidate), the primary-against-baseline similarity (the noise
+	// floor) and the loads each side's cluster served when the request was sent to it.
+	addColumns("b_present INTEGER NOT NULL DEFAULT 0" + colDefs("b_") +
+		",\n\tnoise_similarity REAL,\n\tload_primary REAL,\n\tload_baseline REAL,\n\tload_candidate REAL"),
+}
+
+// addColumns turns a list of column definitions (as colDefs writes them, comma separated)
+// into the ALTER TABLE statements adding them to pairs: SQLite adds one column a statement.
+func addColumns(defs string) string {
+	var b strings.Builder
+	for _, d := range strings.Split(defs, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			fmt.Fprintf(&b, "ALTER TABLE pairs ADD COLUMN %s;\n", d)
+		}
+	}
+	return b.String()
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -384,6 +413,47 @@ func checkValues(s SideResult) ([]any, error) {
 	return []any{s.OK, s.AbnormalFinish, s.JSONValid, s.SchemaChecked, s.SchemaBroken, s.ToolCallChecked, s.ToolCallBroken, probs}, nil
 }
 
+// baselineValues are the b_ columns of a triple and their values: the baseline's answer
+// and its checks. Either may be missing: without the answer (a result whose answer was not
+// kept) only its latencies and tokens are written, from the checks, and b_status stays NULL;
+// without the checks (an answer not compared) the check columns stay NULL.
+func baselineValues(a *Answer, chk *SideResult) (cols []string, vals []any, err error) {
+	cols, vals = []string{"b_present"}, []any{true}
+	switch {
+	case a != nil:
+		av, err := answerValues(*a)
+		if err != nil {
+			return nil, nil, err
+		}
+		cols, vals = append(cols, prefixed("b_", answerCols)...), append(vals, av...)
+	case chk != nil:
+		cols = append(cols, prefixed("b_", []string{"ttft_ms", "itl_ms", "e2e_ms", "output_tokens"})...)
+		vals = append(vals, durMS(chk.TTFT), durMS(chk.ITL), durMS(chk.E2E), chk.OutputTokens)
+	}
+	if chk != nil {
+		cv, err := checkValues(*chk)
+		if err != nil {
+			return nil, nil, err
+		}
+		cols, vals = append(cols, prefixed("b_", checkCols)...), append(vals, cv...)
+	}
+	return cols, vals, nil
+}
+
+// loadsValid reports whether l was measured and can be stored: a non-finite load counts as
+// unmeasured.
+func loadsValid(l Loads) bool {
+	if !l.Valid {
+		return false
+	}
+	for _, v := range []float64{l.Primary, l.Baseline, l.Candidate} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return false
+		}
+	}
+	return true
+}
+
 func nullFloat(v float64, valid bool) any {
 	if !valid || math.IsNaN(v) || math.IsInf(v, 0) {
 		return nil
@@ -439,13 +509,25 @@ func (s *Store) AddPair(ctx context.Context, r PairRecord) error {
 		cols = append(append(cols, "r_present"), prefixed("r_", answerCols)...)
 		vals = append(append(vals, true), av...)
 	}
+	if r.Baseline != nil || r.Result.Baseline != nil {
+		bc, bv, err := baselineValues(r.Baseline, r.Result.Baseline)
+		if err != nil {
+			return fmt.Errorf("shadow store: add pair: baseline: %w", err)
+		}
+		cols, vals = append(cols, bc...), append(vals, bv...)
+	}
 	notes, err := jsonList(r.Result.Notes)
 	if err != nil {
 		return fmt.Errorf("shadow store: add pair: %w", err)
 	}
-	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate")
+	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate", "noise_similarity")
 	vals = append(vals, nullFloat(r.Result.Similarity, r.Result.SimilarityValid),
-		nullFloat(r.ReplicaSimilarity, r.ReplicaValid), r.Result.ToolNamesMatch, notes, cut(r.CandidateID, MaxNameLen))
+		nullFloat(r.ReplicaSimilarity, r.ReplicaValid), r.Result.ToolNamesMatch, notes, cut(r.CandidateID, MaxNameLen),
+		nullFloat(r.Result.NoiseSimilarity, r.Result.NoiseValid))
+	if l := r.Result.Loads; loadsValid(l) {
+		cols = append(cols, "load_primary", "load_baseline", "load_candidate")
+		vals = append(vals, l.Primary, l.Baseline, l.Candidate)
+	}
 	q := "INSERT INTO pairs (" + strings.Join(cols, ", ") + ") VALUES (" + strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
 	if _, err := s.db.ExecContext(ctx, q, vals...); err != nil {
 		return fmt.Errorf("shadow store: add pair: %w", err)
@@ -484,7 +566,7 @@ func (s *Store) AddVerdict(ctx context.Context, v VerdictRecord) error {
 func sanitizeEvidence(ev []Evidence) []Evidence {
 	out := make([]Evidence, len(ev))
 	for i, e := range ev {
-		for _, f := range []*float64{&e.Statistic, &e.Z, &e.P, &e.Effect, &e.Bound, &e.Primary, &e.Cand} {
+		for _, f := range []*float64{&e.Statistic, &e.Z, &e.P, &e.Effect, &e.Bound, &e.Primary, &e.Cand, &e.Ratio, &e.Low, &e.High} {
 			*f = finiteOr(*f)
 		}
 		out[i] = e
@@ -515,10 +597,19 @@ func clampLimit(limit int) int {
 }
 
 // pairSelect lists the columns scanPair reads, in order.
-var pairSelect = strings.Join(append(append(append(append(append([]string{"id", "route", "ts_ns", "request_id",
-	"session_hash", "endpoint", "request"}, prefixed("p_", append(append([]string(nil), answerCols...), checkCols...))...),
-	prefixed("c_", append(append([]string(nil), answerCols...), checkCols...))...), "r_present"),
-	prefixed("r_", answerCols)...), "similarity", "replica_similarity", "tool_names_match", "notes", "candidate"), ", ")
+var pairSelect = func() string {
+	side := func(p string) []string {
+		return prefixed(p, append(append([]string(nil), answerCols...), checkCols...))
+	}
+	cols := []string{"id", "route", "ts_ns", "request_id", "session_hash", "endpoint", "request"}
+	cols = append(cols, side("p_")...)
+	cols = append(cols, side("c_")...)
+	cols = append(append(cols, "r_present"), prefixed("r_", answerCols)...)
+	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate")
+	cols = append(append(cols, "b_present"), side("b_")...)
+	cols = append(cols, "noise_similarity", "load_primary", "load_baseline", "load_candidate")
+	return strings.Join(cols, ", ")
+}()
 
 type answerScan struct {
 	status, tokens             sql.NullInt64
@@ -544,6 +635,19 @@ func (a *answerScan) answer() (Answer, error) {
 		}
 	}
 	return out, nil
+}
+
+// loadScan reads load_primary, load_baseline and load_candidate: all NULL when the loads
+// were not measured.
+type loadScan struct{ primary, baseline, candidate sql.NullFloat64 }
+
+func (l *loadScan) dest() []any { return []any{&l.primary, &l.baseline, &l.candidate} }
+
+func (l *loadScan) loads() Loads {
+	if !l.primary.Valid && !l.baseline.Valid && !l.candidate.Valid {
+		return Loads{}
+	}
+	return Loads{Primary: l.primary.Float64, Baseline: l.baseline.Float64, Candidate: l.candidate.Float64, Valid: true}
 }
 
 type checkScan struct {
@@ -580,10 +684,13 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 		r                 PairRecord
 		tsNS              int64
 		req               sql.NullString
-		pa, ca, ra        answerScan
-		pc, cc            checkScan
+		pa, ca, ra, ba    answerScan
+		pc, cc, bc        checkScan
 		rPresent          sql.NullBool
+		bPresent          sql.NullBool
 		sim, repSim       sql.NullFloat64
+		noise             sql.NullFloat64
+		loads             loadScan
 		namesMatch        sql.NullBool
 		notes             sql.NullString
 		reqID, sess, endp sql.NullString
@@ -593,6 +700,8 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 	dest = append(append(dest, ca.dest()...), cc.dest()...)
 	dest = append(append(dest, &rPresent), ra.dest()...)
 	dest = append(dest, &sim, &repSim, &namesMatch, &notes, &r.CandidateID)
+	dest = append(append(append(dest, &bPresent), ba.dest()...), bc.dest()...)
+	dest = append(append(dest, &noise), loads.dest()...)
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -636,6 +745,24 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 	if res.Notes, err = parseList(notes.String); err != nil {
 		return r, fmt.Errorf("pair %d notes: %w", r.ID, err)
 	}
+	if bPresent.Bool {
+		b, err := ba.answer()
+		if err != nil {
+			return r, fmt.Errorf("pair %d baseline: %w", r.ID, err)
+		}
+		if ba.status.Valid { // else only the checks were kept (see baselineValues)
+			r.Baseline = &b
+		}
+		if bc.ok.Valid {
+			bs, err := bc.side(b)
+			if err != nil {
+				return r, fmt.Errorf("pair %d baseline problems: %w", r.ID, err)
+			}
+			res.Baseline = &bs
+		}
+	}
+	res.NoiseSimilarity, res.NoiseValid = noise.Float64, noise.Valid
+	res.Loads = loads.loads()
 	r.Result = res
 	r.ReplicaSimilarity, r.ReplicaValid = repSim.Float64, repSim.Valid
 	return r, nil
@@ -764,20 +891,38 @@ func (s *Store) Prune(ctx context.Context, route string, keep int) error {
 	return nil
 }
 
-// restoreSelect reads only what Accumulator.Add needs (no texts).
+// restoreSelect reads only what Accumulator.Add and AddReplicaSimilarity need (no texts):
+// per side status … output_tokens and ok … tool_broken, the similarity, whether a baseline
+// answered, the loads and the noise-floor samples.
 var restoreSelect = func() string {
 	var cols []string
-	for _, p := range []string{"p_", "c_"} {
+	side := func(p string) {
 		cols = append(cols, prefixed(p, answerCols[:6])...) // status … output_tokens
 		cols = append(cols, prefixed(p, checkCols[:7])...)  // ok … tool_broken
 	}
-	return strings.Join(append(cols, "similarity"), ", ")
+	side("p_")
+	side("c_")
+	cols = append(cols, "similarity", "b_present")
+	side("b_")
+	cols = append(cols, "load_primary", "load_baseline", "load_candidate", "noise_similarity", "replica_similarity")
+	return strings.Join(cols, ", ")
 }()
 
-// Restore re-adds the newest window pairs of route and candidate (oldest first) to acc, and
-// the newest window replica similarities to its noise floor, so that a verdict survives a
-// restart: an accumulator of the same window then holds what the live one held. candidate
-// "" means the candidate of the route's newest pair. window ≤ 0 means DefaultWindow.
+// RestoreDepth is how many windows of stored pairs Restore replays. An accumulator keeps
+// the last window values of each metric, and a metric that not every pair gives (the
+// latencies of failed answers, a failed baseline's noise-floor sample, unmeasured loads)
+// reaches back past the last window pairs: replaying RestoreDepth windows rebuilds it
+// exactly unless fewer than one pair in RestoreDepth gave it.
+const RestoreDepth = 4
+
+// Restore rebuilds acc from the store, so that a verdict survives a restart: it replays the
+// newest RestoreDepth×window pairs (and triples) of route and candidate, oldest first,
+// through Accumulator.Add, with their noise-floor samples (a triple's primary against its
+// baseline through Add, a replica's through AddReplicaSimilarity); when replicas left the
+// noise floor short of window samples, older pairs' replica similarities fill it. An
+// accumulator of the same window then holds what the live one held (its totals count the
+// pairs replayed). candidate "" means the candidate of the route's newest pair. window ≤ 0
+// means DefaultWindow. On an error acc may hold part of the pairs.
 func (s *Store) Restore(ctx context.Context, route, candidate string, acc *Accumulator, window int) error {
 	if acc == nil {
 		return errors.New("shadow store: restore: nil accumulator")
@@ -786,63 +931,95 @@ func (s *Store) Restore(ctx context.Context, route, candidate string, acc *Accum
 		window = DefaultWindow
 	}
 	window = min(window, MaxQueryLimit)
+	depth := window * RestoreDepth
 	if candidate == "" {
 		err := s.db.QueryRowContext(ctx, `SELECT candidate FROM pairs WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT 1`, route).Scan(&candidate)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("shadow store: restore %q: %w", route, err)
 		}
 	}
-	results, err := s.restorePairs(ctx, route, candidate, window)
+	n, err := s.replay(ctx, route, candidate, depth, acc)
 	if err != nil {
 		return fmt.Errorf("shadow store: restore %q: %w", route, err)
 	}
-	noise, err := s.restoreNoise(ctx, route, candidate, window)
-	if err != nil {
-		return fmt.Errorf("shadow store: restore %q noise floor: %w", route, err)
-	}
-	for i := len(results) - 1; i >= 0; i-- {
-		acc.Add(results[i])
-	}
-	for i := len(noise) - 1; i >= 0; i-- {
-		acc.AddReplicaSimilarity(noise[i])
+	// Replicas are sparse (a fraction of the pairs): the live noise floor may reach back past
+	// the pairs replayed. Filling it up to window, no sample is evicted, so the order of
+	// these older ones does not matter. (A route with a baseline has none: not searched.)
+	if n.rows == depth && (n.replicas > 0 || n.triples == 0) && n.noise < window {
+		older, err := s.olderReplicas(ctx, route, candidate, depth, window-n.noise)
+		if err != nil {
+			return fmt.Errorf("shadow store: restore %q noise floor: %w", route, err)
+		}
+		for _, v := range older {
+			acc.AddReplicaSimilarity(v)
+		}
 	}
 	return nil
 }
 
-// restorePairs returns the newest window pairs' results, newest first.
-func (s *Store) restorePairs(ctx context.Context, route, candidate string, window int) ([]PairResult, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT "+restoreSelect+
-		" FROM pairs WHERE route = ? AND candidate = ? ORDER BY ts_ns DESC, id DESC LIMIT ?", route, candidate, window)
+// replayed counts what replay added: pairs, triples among them, noise-floor samples, and
+// replicas among these.
+type replayed struct{ rows, triples, noise, replicas int }
+
+// replay adds the newest depth pairs of route and candidate to acc, oldest first.
+func (s *Store) replay(ctx context.Context, route, candidate string, depth int, acc *Accumulator) (replayed, error) {
+	var n replayed
+	rows, err := s.db.QueryContext(ctx, "SELECT "+restoreSelect+" FROM (SELECT "+restoreSelect+", ts_ns, id FROM pairs"+
+		" WHERE route = ? AND candidate = ? ORDER BY ts_ns DESC, id DESC LIMIT ?) ORDER BY ts_ns, id", route, candidate, depth)
 	if err != nil {
-		return nil, err
+		return n, err
 	}
 	defer rows.Close()
-	var out []PairResult
 	for rows.Next() {
 		var (
-			pa, ca answerScan
-			pc, cc checkScan
-			sim    sql.NullFloat64
+			pa, ca, ba  answerScan
+			pc, cc, bc  checkScan
+			sim         sql.NullFloat64
+			bPresent    sql.NullBool
+			loads       loadScan
+			noise, repl sql.NullFloat64
 		)
 		side := func(a *answerScan, c *checkScan) []any {
 			return append([]any{&a.status, &a.errClass, &a.ttft, &a.itl, &a.e2e, &a.tokens}, c.dest()[:7]...)
 		}
-		if err := rows.Scan(append(append(side(&pa, &pc), side(&ca, &cc)...), &sim)...); err != nil {
-			return nil, err
+		dest := append(append(side(&pa, &pc), side(&ca, &cc)...), &sim, &bPresent)
+		dest = append(append(dest, side(&ba, &bc)...), loads.dest()...)
+		if err := rows.Scan(append(dest, &noise, &repl)...); err != nil {
+			return n, err
 		}
 		p, _ := pa.answer() // no tool calls or problems selected: cannot fail
 		c, _ := ca.answer()
 		ps, _ := pc.side(p)
 		cs, _ := cc.side(c)
-		out = append(out, PairResult{Primary: ps, Candidate: cs, Similarity: sim.Float64, SimilarityValid: sim.Valid})
+		r := PairResult{Primary: ps, Candidate: cs, Similarity: sim.Float64, SimilarityValid: sim.Valid, Loads: loads.loads()}
+		if bPresent.Bool && bc.ok.Valid {
+			b, _ := ba.answer()
+			bs, _ := bc.side(b)
+			r.Baseline = &bs
+			r.NoiseSimilarity, r.NoiseValid = noise.Float64, noise.Valid
+			n.triples++
+		}
+		acc.Add(r)
+		n.rows++
+		if r.NoiseValid {
+			n.noise++
+		}
+		if repl.Valid {
+			acc.AddReplicaSimilarity(repl.Float64)
+			n.noise++
+			n.replicas++
+		}
 	}
-	return out, rows.Err()
+	return n, rows.Err()
 }
 
-// restoreNoise returns the newest window replica similarities, newest first.
-func (s *Store) restoreNoise(ctx context.Context, route, candidate string, window int) ([]float64, error) {
+// olderReplicas returns, newest first, up to window replica similarities of route and
+// candidate's pairs older than the newest skip.
+func (s *Store) olderReplicas(ctx context.Context, route, candidate string, skip, window int) ([]float64, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT replica_similarity FROM pairs
-		WHERE route = ? AND candidate = ? AND replica_similarity IS NOT NULL ORDER BY ts_ns DESC, id DESC LIMIT ?`, route, candidate, window)
+		WHERE route = ? AND candidate = ? AND replica_similarity IS NOT NULL
+		AND (ts_ns, id) < (SELECT ts_ns, id FROM pairs WHERE route = ? AND candidate = ? ORDER BY ts_ns DESC, id DESC LIMIT 1 OFFSET ?)
+		ORDER BY ts_ns DESC, id DESC LIMIT ?`, route, candidate, route, candidate, skip-1, window)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package shadow
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"math"
@@ -39,6 +40,58 @@ func testPair(route string, i int, at time.Time, broken bool) PairRecord {
 		r.RequestID, r.Session, r.Endpoint = "req-"+route, "s123", "/v1/chat/completions"
 	}
 	return r
+}
+
+// testTriple builds a compared triple: testPair's primary and candidate with a baseline
+// answer (failing every third request, so its noise-floor sample is missing there) and
+// the loads (unmeasured every fifth).
+func testTriple(route string, i int, at time.Time, broken bool) PairRecord {
+	req := Request{ResponseFormat: FormatJSONObject}
+	r := testPair(route, i, at, broken)
+	r.Replica, r.ReplicaSimilarity, r.ReplicaValid = nil, 0, false // no replicas with a baseline
+	b := r.Primary
+	b.TTFT += time.Duration(1+i%3) * time.Millisecond
+	b.E2E -= 2 * time.Millisecond
+	b.Text = `{"answer": 42, "sure": true}`
+	if i%3 == 2 {
+		b = Answer{Status: 503, ErrorClass: "upstream_5xx"}
+	}
+	r.SetBaseline(b)
+	r.Result = defaultCache.CompareTriple(req, r.Primary, r.Baseline, r.Candidate)
+	if i%5 != 4 {
+		r.Result.Loads = Loads{Primary: float64(1 + i%4), Baseline: 2, Candidate: 2.5, Valid: true}
+	}
+	return r
+}
+
+// sortInput puts the samples of in in order (ring order differs between a live and a
+// restored accumulator: compare them as multisets).
+func sortInput(in *Input) {
+	arms := []*Arm{&in.Primary, &in.Candidate}
+	if in.Baseline != nil {
+		arms = append(arms, in.Baseline)
+	}
+	for _, a := range arms {
+		for _, xs := range [][]float64{a.TTFT, a.ITL, a.E2E} {
+			sortFloats(xs)
+		}
+	}
+	sortFloats(in.CandidateSimilarity)
+	sortFloats(in.NoiseFloor)
+	byPair := func(ps [][2]float64) {
+		sort.Slice(ps, func(i, j int) bool { return ps[i][0] < ps[j][0] || ps[i][0] == ps[j][0] && ps[i][1] < ps[j][1] })
+	}
+	for _, ps := range [][][2]float64{in.Paired.TTFT, in.Paired.ITL, in.Paired.E2E} {
+		byPair(ps)
+	}
+	loads := make([][2]float64, len(in.Load.Reference))
+	for i := range loads {
+		loads[i] = [2]float64{in.Load.Reference[i], in.Load.Candidate[i]}
+	}
+	byPair(loads)
+	for i, l := range loads {
+		in.Load.Reference[i], in.Load.Candidate[i] = l[0], l[1]
+	}
 }
 
 func posInf() float64 { return math.Inf(1) }
@@ -220,9 +273,17 @@ func TestStoreRestore(t *testing.T) {
 		name      string
 		n, window int
 		broken    bool
+		triples   bool
 	}{
-		{"all kept", 60, 100, false},
-		{"window cuts", 60, 20, true},
+		{"all kept", 60, 100, false, false},
+		{"window cuts", 60, 20, true, false},
+		{"triples all kept", 60, 100, false, true},
+		// Every third baseline fails: the live noise floor reaches back past the newest 20
+		// triples, and so must the restored one.
+		{"triples window cuts", 60, 20, true, true},
+		{"pairs then triples", 60, 50, true, true},
+		// The newest replicas are older than the pairs replayed (RestoreDepth windows).
+		{"sparse replicas", 60, 2, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -234,7 +295,14 @@ func TestStoreRestore(t *testing.T) {
 			live := NewAccumulator(tt.window)
 			t0 := time.Now()
 			for i := range tt.n {
-				p := testPair("chat", i, t0.Add(time.Duration(i)*time.Millisecond), tt.broken)
+				at := t0.Add(time.Duration(i) * time.Millisecond)
+				p := testPair("chat", i, at, tt.broken)
+				if tt.triples && (tt.name != "pairs then triples" || i >= 20) {
+					p = testTriple("chat", i, at, tt.broken)
+				}
+				if tt.name == "sparse replicas" && i >= 30 {
+					p.Replica, p.ReplicaSimilarity, p.ReplicaValid = nil, 0, false
+				}
 				live.Add(p.Result)
 				if p.ReplicaValid {
 					live.AddReplicaSimilarity(p.ReplicaSimilarity)
@@ -248,14 +316,26 @@ func TestStoreRestore(t *testing.T) {
 				t.Fatal(err)
 			}
 			a, b := live.Input(), restored.Input()
-			for _, in := range []*Input{&a, &b} { // ring order differs: compare as multisets
-				for _, xs := range [][]float64{in.Primary.TTFT, in.Primary.ITL, in.Primary.E2E, in.Candidate.TTFT,
-					in.Candidate.ITL, in.Candidate.E2E, in.CandidateSimilarity, in.NoiseFloor} {
-					sortFloats(xs)
-				}
-			}
+			sortInput(&a)
+			sortInput(&b)
 			if !reflect.DeepEqual(a, b) {
 				t.Fatalf("restored input differs:\n live     %+v\n restored %+v", a, b)
+			}
+			if tt.triples {
+				if a.Baseline == nil || len(a.Paired.E2E) == 0 || len(a.Load.Reference) == 0 || len(a.NoiseFloor) == 0 {
+					t.Fatalf("the triples left no baseline, pairs, loads or noise floor: %+v", a)
+				}
+				if tt.broken && a.SchemaBrokeAlone == 0 {
+					t.Fatalf("planted breakage not counted as the candidate's alone: %+v", a)
+				}
+			}
+			if _, lr := live.Counts(); true {
+				if _, rr := restored.Counts(); rr > lr {
+					t.Errorf("restored %d replicas, the live accumulator had %d", rr, lr)
+				}
+			}
+			if tt.name == "sparse replicas" && len(b.NoiseFloor) != tt.window {
+				t.Errorf("restored noise floor %v, want the %d newest replicas", b.NoiseFloor, tt.window)
 			}
 			cfg := Config{MinSamples: 8}
 			va, _ := Evaluate(cfg, a)
@@ -267,6 +347,150 @@ func TestStoreRestore(t *testing.T) {
 				t.Errorf("planted schema breakage: %s (%s)", vb.Decision, vb.Reason)
 			}
 		})
+	}
+}
+
+func TestStoreTripleRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	for name, open := range openTestStores(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open()
+			ok := testTriple("chat", 0, t0, true)
+			failed := testTriple("chat", 2, t0.Add(time.Second), false) // the baseline failed
+			checksOnly := testTriple("chat", 4, t0.Add(2*time.Second), false)
+			checksOnly.Baseline = nil // its answer not kept: the checks and latencies are
+			answerOnly := testTriple("chat", 6, t0.Add(3*time.Second), false)
+			answerOnly.Result.Baseline = nil
+			want := []PairRecord{ok, failed, checksOnly, answerOnly}
+			for _, p := range want {
+				if err := s.AddPair(ctx, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Pairs(ctx, "chat", 10)
+			if err != nil || len(got) != len(want) {
+				t.Fatalf("%d pairs, %v", len(got), err)
+			}
+			for i, g := range got {
+				w := want[len(want)-1-i]
+				g.ID, g.Time = 0, g.Time.UTC()
+				if !reflect.DeepEqual(g, w) {
+					t.Errorf("triple %d:\n got  %+v\n want %+v", i, g, w)
+				}
+			}
+			g := got[len(got)-1] // ok
+			if g.Baseline == nil || g.Result.Baseline == nil || !g.Result.NoiseValid || g.Result.NoiseSimilarity <= 0 ||
+				!g.Result.Loads.Valid || g.Result.Loads.Baseline != 2 || !g.Result.Candidate.SchemaBroken {
+				t.Errorf("triple lost its baseline, noise floor or loads: %+v", g)
+			}
+			if f := got[2]; f.Result.NoiseValid || f.Result.Baseline == nil || f.Result.Baseline.OK || f.Baseline.ErrorClass != "upstream_5xx" {
+				t.Errorf("failed baseline: %+v", f.Result)
+			}
+			if c := got[1]; c.Baseline != nil || c.Result.Baseline == nil || c.Result.Baseline.TTFT == 0 || c.Result.Loads.Valid {
+				t.Errorf("checks only: %+v", c)
+			}
+			var n int
+			if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM pairs WHERE b_present = 1 AND load_baseline = 2`).Scan(&n); err != nil || n != 3 {
+				t.Errorf("%d rows with a baseline and its load, %v", n, err)
+			}
+		})
+	}
+}
+
+func TestStoreSchemaVersion(t *testing.T) {
+	if SchemaVersion != len(migrations) {
+		t.Fatalf("SchemaVersion %d, but %d migrations", SchemaVersion, len(migrations))
+	}
+}
+
+// TestStoreMigratesFromV3: a store written before baselines opens, keeps its pairs, and
+// takes triples.
+func TestStoreMigratesFromV3(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "v3.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts := append([]string{`CREATE TABLE schema_version (version INTEGER NOT NULL)`,
+		`INSERT INTO schema_version(version) VALUES (3)`}, migrations[:3]...)
+	for _, q := range stmts {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	old := testPair("chat", 1, t0, true)
+	old.CandidateID = "cand"
+	cols := []string{"route", "ts_ns", "candidate", "request", "similarity", "tool_names_match"}
+	vals := []any{old.Route, t0.UnixNano(), old.CandidateID, string(old.Request), old.Result.Similarity, old.Result.ToolNamesMatch}
+	for _, side := range []struct {
+		p   string
+		a   Answer
+		chk SideResult
+	}{{"p_", old.Primary, old.Result.Primary}, {"c_", old.Candidate, old.Result.Candidate}} {
+		av, err := answerValues(side.a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cv, err := checkValues(side.chk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols = append(append(cols, prefixed(side.p, answerCols)...), prefixed(side.p, checkCols)...)
+		vals = append(append(vals, av...), cv...)
+	}
+	q := "INSERT INTO pairs (" + strings.Join(cols, ", ") + ") VALUES (" + strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
+	if _, err := db.ExecContext(ctx, q, vals...); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	if _, err := OpenStoreReadOnly(ctx, path); err == nil || !strings.Contains(err.Error(), "older than this binary's 4") {
+		t.Fatalf("read-only open of a version 3 store: %v", err)
+	}
+	s, err := OpenStore(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var v int
+	if err := s.db.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v); err != nil || v != SchemaVersion {
+		t.Fatalf("version %d after migration, %v", v, err)
+	}
+	tri := testTriple("chat", 3, t0.Add(time.Second), false)
+	tri.CandidateID = "cand"
+	if err := s.AddPair(ctx, tri); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Pairs(ctx, "chat", 10)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("%d pairs, %v", len(got), err)
+	}
+	for i, w := range []PairRecord{tri, old} {
+		g := got[i]
+		g.ID, g.Time = 0, g.Time.UTC()
+		w.RequestID, w.Session, w.Endpoint = g.RequestID, g.Session, g.Endpoint // not inserted above
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("pair %d after migration:\n got  %+v\n want %+v", i, g, w)
+		}
+	}
+	if got[1].Baseline != nil || got[1].Result.Baseline != nil || got[1].Result.NoiseValid || got[1].Result.Loads.Valid {
+		t.Errorf("the old pair grew a baseline: %+v", got[1].Result)
+	}
+	acc := NewAccumulator(10)
+	if err := s.Restore(ctx, "chat", "cand", acc, 10); err != nil {
+		t.Fatal(err)
+	}
+	in := acc.Input()
+	if n, _ := acc.Counts(); n != 2 || in.Baseline == nil || in.Baseline.Requests != 1 || in.Primary.Requests != 2 || len(in.NoiseFloor) != 1 {
+		t.Fatalf("restored across the migration: %d pairs, %+v", n, in)
+	}
+	if ro, err := OpenStoreReadOnly(ctx, path); err != nil {
+		t.Fatalf("read-only open after the migration: %v", err)
+	} else {
+		ro.Close()
 	}
 }
 

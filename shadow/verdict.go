@@ -24,6 +24,12 @@ const (
 	Inconclusive MetricVerdict = "inconclusive" // observed effect beyond the bound but not significant
 	Insufficient MetricVerdict = "insufficient" // fewer than MinSamples on a side
 	Skipped      MetricVerdict = "skipped"      // no data supplied for an optional metric
+	// NotComparable: without a baseline, the candidate and the primary served different
+	// loads, so their latencies say nothing about the candidate.
+	NotComparable MetricVerdict = "not_comparable"
+	// NotExercised: a critical check too rarely exercised to judge, where the candidate never
+	// broke without its reference breaking too (it does not hold the decision).
+	NotExercised MetricVerdict = "not_exercised"
 )
 
 // Metric names used in Evidence.
@@ -41,6 +47,7 @@ const (
 // Tests named in Evidence.
 const (
 	StatMannWhitney   = "mann-whitney-u"
+	StatWilcoxon      = "wilcoxon-signed-rank"
 	StatTwoProportion = "two-proportion-z"
 	StatFisherExact   = "fisher-exact"
 )
@@ -65,17 +72,23 @@ type Config struct {
 	// CriticalAlpha is the significance level for critical checks (schema and
 	// tool-call breakage); any significant increase is a regression.
 	CriticalAlpha float64 `json:"critical_alpha" yaml:"critical_alpha"`
+	// MaxLoadDifference: without a baseline, latencies against the primary are judged only
+	// when the two sides' loads (requests a second per endpoint each served over the last
+	// interval) differ by at most this share of the larger (or by at most half a request a
+	// second); otherwise they are not comparable.
+	MaxLoadDifference float64 `json:"max_load_difference" yaml:"max_load_difference"`
 }
 
 // DefaultConfig returns the default thresholds.
 func DefaultConfig() Config {
 	return Config{
-		MinSamples:       50,
-		Alpha:            0.01,
-		MaxRegression:    0.10,
-		MaxRateIncrease:  0.02,
-		SimilarityMargin: 0.05,
-		CriticalAlpha:    0.01,
+		MinSamples:        50,
+		Alpha:             0.01,
+		MaxRegression:     0.10,
+		MaxRateIncrease:   0.02,
+		SimilarityMargin:  0.05,
+		CriticalAlpha:     0.01,
+		MaxLoadDifference: 0.25,
 	}
 }
 
@@ -99,6 +112,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CriticalAlpha == 0 {
 		c.CriticalAlpha = d.CriticalAlpha
+	}
+	if c.MaxLoadDifference == 0 {
+		c.MaxLoadDifference = d.MaxLoadDifference
 	}
 	return c
 }
@@ -124,6 +140,7 @@ func (c Config) Validate() error {
 	nonneg("max_regression", c.MaxRegression, math.MaxFloat64)
 	nonneg("max_rate_increase", c.MaxRateIncrease, 1)
 	nonneg("similarity_margin", c.SimilarityMargin, 1)
+	nonneg("max_load_difference", c.MaxLoadDifference, 1)
 	return errors.Join(errs...)
 }
 
@@ -148,13 +165,49 @@ type Arm struct {
 
 // Input is what Evaluate judges.
 type Input struct {
+	// Primary holds the primary's answers (what the clients got), Candidate the
+	// candidate's, Baseline the baseline's when the route has one (the primary's version in
+	// a sandbox, asked at the same moment as the candidate): then the baseline, not the
+	// primary, is the reference of the latency, error and finish verdicts.
 	Primary, Candidate Arm
+	Baseline           *Arm
+	// Paired holds the (baseline, candidate) latencies of the same requests (with a
+	// baseline): the latency verdicts are judged on them.
+	Paired Paired
+	// Load holds, per pair, the load the reference and the candidate served (requests in
+	// flight per endpoint when sent). Without a baseline, latencies are judged only when
+	// the loads are alike (Config.MaxLoadDifference).
+	Load LoadSample
 	// CandidateSimilarity holds per-pair similarities of candidate to primary
 	// output (for example RougeL); NoiseFloor holds per-pair similarities of
-	// primary to replica output. Similarity is judged only when NoiseFloor is
+	// primary to baseline (or replica) output. Similarity is judged only when NoiseFloor is
 	// non-empty.
 	CandidateSimilarity []float64
 	NoiseFloor          []float64
+	// SchemaBrokeAlone and ToolBrokeAlone count the pairs where the candidate broke a
+	// critical check its reference passed on the same request.
+	SchemaBrokeAlone, ToolBrokeAlone int
+}
+
+// Paired are (baseline, candidate) latency pairs, in milliseconds.
+type Paired struct {
+	TTFT, ITL, E2E [][2]float64
+}
+
+// LoadSample is the reference's and the candidate's load per pair (requests in flight per
+// endpoint when each was sent) and, when measured (not zero), their request rates per
+// endpoint (requests begun per second) over the last interval.
+type LoadSample struct {
+	Reference, Candidate         []float64
+	ReferenceRate, CandidateRate float64
+}
+
+// reference is the arm the candidate is judged against.
+func (in Input) reference() Arm {
+	if in.Baseline != nil {
+		return *in.Baseline
+	}
+	return in.Primary
 }
 
 // Evidence is the test result for one metric.
@@ -176,6 +229,14 @@ type Evidence struct {
 	Cand    float64       `json:"candidate"` // the same for the candidate
 	Verdict MetricVerdict `json:"verdict"`
 	Note    string        `json:"note,omitempty"`
+	// Reference is what the candidate was judged against: "baseline" or "primary".
+	Reference string `json:"reference,omitempty"`
+	// Ratio, Low and High (paired latencies): the median of the per-request ratios
+	// candidate/baseline, with its confidence interval at 1 − Alpha (the sign test's,
+	// from order statistics; Primary and Cand keep the two medians).
+	Ratio float64 `json:"ratio,omitempty"`
+	Low   float64 `json:"ratio_low,omitempty"`
+	High  float64 `json:"ratio_high,omitempty"`
 }
 
 // Verdict is the overall decision with the evidence behind it.
@@ -185,60 +246,117 @@ type Verdict struct {
 	Evidence []Evidence `json:"evidence"`
 }
 
-// Evaluate judges the candidate against the primary. cfg is completed with
-// WithDefaults and must then pass Validate.
+// Evaluate judges the candidate against its reference: the baseline when the input has
+// one, else the primary. cfg is completed with WithDefaults and must then pass Validate.
 //
 // Rules, per metric:
-//   - TTFT, ITL, E2E: Mann-Whitney U (Skipped when neither side has samples,
-//     as for ITL of non-streaming traffic); Regression if p < Alpha and
-//     the candidate median exceeds the primary's by more than MaxRegression;
-//     Inconclusive if it exceeds it without significance.
+//   - TTFT, ITL, E2E (Skipped when neither side has samples, as ITL of non-streaming
+//     traffic). With a baseline, on the (baseline, candidate) pairs of the same requests:
+//     the Wilcoxon signed-rank test of the log ratios (per-request variance such as the
+//     prompt's length cancels out), the effect the median of the per-request ratios with its
+//     confidence interval; Regression if p < Alpha and the ratio exceeds
+//     1 + MaxRegression, Inconclusive if it does without significance. Without a baseline,
+//     Mann-Whitney U against the primary, and only when both served alike loads
+//     (MaxLoadDifference): otherwise NotComparable, with the two loads, which holds.
 //   - Error and abnormal-finish rates (required, counted over Requests):
 //     two-proportion z-test, with Fisher's exact p-value instead when any
-//     expected cell count is below 5 (also for the critical checks); Regression if p < Alpha and the candidate rate
-//     exceeds the primary's by more than MaxRateIncrease.
-//   - Similarity (optional): Regression if the candidate's mean similarity is
-//     below the noise floor's mean by more than SimilarityMargin and
-//     Mann-Whitney p < Alpha; Inconclusive if below by more than the margin
-//     without significance.
+//     expected cell count is below 5 (also for the critical checks): the p reported
+//     decides; Regression if p < Alpha and the candidate rate exceeds the reference's by
+//     more than MaxRateIncrease.
+//   - Similarity (optional): Regression if the candidate's mean similarity to the
+//     primary is below the noise floor's (primary against baseline or replica) by more
+//     than SimilarityMargin and Mann-Whitney p < Alpha; Inconclusive if below by more than
+//     the margin without significance.
 //   - Schema and tool-call breakage (critical, optional: judged when the
 //     candidate has checked responses): Regression if the candidate rate is
-//     higher and p < CriticalAlpha, whatever the size of the increase.
+//     higher and p < CriticalAlpha, whatever the size of the increase. Too few checked
+//     responses to judge: NotExercised (it does not hold the decision), unless the
+//     candidate broke at least once where its reference did not (Insufficient, which
+//     holds).
 //
 // Any Regression gives Rollback (critical ones first in Reason). Otherwise
-// any Insufficient or Inconclusive metric gives Hold; else Promote. The rates
-// over Requests are always judged, so an input without requests holds.
+// any Insufficient, Inconclusive or NotComparable metric gives Hold; else Promote. The
+// rates over Requests are always judged, so an input without requests holds.
 func Evaluate(cfg Config, in Input) (Verdict, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return Verdict{}, err
 	}
-	var ev []Evidence
-	for _, m := range []struct {
-		name string
-		p, c []float64
-	}{
-		{MetricTTFT, in.Primary.TTFT, in.Candidate.TTFT},
-		{MetricITL, in.Primary.ITL, in.Candidate.ITL},
-		{MetricE2E, in.Primary.E2E, in.Candidate.E2E},
-	} {
-		ev = append(ev, latency(cfg, m.name, finite(m.p), finite(m.c)))
+	ref := in.reference()
+	refName := "primary"
+	if in.Baseline != nil {
+		refName = "baseline"
 	}
-	ev = append(ev,
-		rate(cfg, MetricErrorRate, in.Primary.Errors, in.Primary.Requests, in.Candidate.Errors, in.Candidate.Requests, false),
-		rate(cfg, MetricFinishRate, in.Primary.AbnormalFinish, in.Primary.Requests, in.Candidate.AbnormalFinish, in.Candidate.Requests, false),
-	)
-	ev = append(ev, similarity(cfg, finite(in.NoiseFloor), finite(in.CandidateSimilarity)))
-	ev = append(ev,
-		rate(cfg, MetricSchemaBreakage, in.Primary.SchemaBroken, in.Primary.SchemaChecked, in.Candidate.SchemaBroken, in.Candidate.SchemaChecked, true),
-		rate(cfg, MetricToolBreakage, in.Primary.ToolCallBroken, in.Primary.ToolCallChecked, in.Candidate.ToolCallBroken, in.Candidate.ToolCallChecked, true),
-	)
+	var ev []Evidence
+	load := loadComparable(cfg, in)
+	for _, m := range []struct {
+		name   string
+		p, c   []float64
+		paired [][2]float64
+	}{
+		{MetricTTFT, in.Primary.TTFT, in.Candidate.TTFT, in.Paired.TTFT},
+		{MetricITL, in.Primary.ITL, in.Candidate.ITL, in.Paired.ITL},
+		{MetricE2E, in.Primary.E2E, in.Candidate.E2E, in.Paired.E2E},
+	} {
+		var e Evidence
+		if in.Baseline != nil {
+			e = pairedLatency(cfg, m.name, finitePairs(m.paired))
+		} else {
+			e = latency(cfg, m.name, finite(m.p), finite(m.c))
+			if load != "" && e.Verdict != Skipped && e.Verdict != Insufficient {
+				e.Verdict, e.Note = NotComparable, load
+			}
+		}
+		e.Reference = refName
+		ev = append(ev, e)
+	}
+	for _, e := range []Evidence{
+		rate(cfg, MetricErrorRate, ref.Errors, ref.Requests, in.Candidate.Errors, in.Candidate.Requests, false),
+		rate(cfg, MetricFinishRate, ref.AbnormalFinish, ref.Requests, in.Candidate.AbnormalFinish, in.Candidate.Requests, false),
+	} {
+		e.Reference = refName
+		ev = append(ev, e)
+	}
+	sim := similarity(cfg, finite(in.NoiseFloor), finite(in.CandidateSimilarity))
+	sim.Reference = "noise floor (primary against " + map[bool]string{true: "baseline", false: "replica"}[in.Baseline != nil] + ")"
+	ev = append(ev, sim)
+	for _, e := range []Evidence{
+		critical(cfg, MetricSchemaBreakage, ref.SchemaBroken, ref.SchemaChecked, in.Candidate.SchemaBroken, in.Candidate.SchemaChecked, in.SchemaBrokeAlone),
+		critical(cfg, MetricToolBreakage, ref.ToolCallBroken, ref.ToolCallChecked, in.Candidate.ToolCallBroken, in.Candidate.ToolCallChecked, in.ToolBrokeAlone),
+	} {
+		e.Reference = refName
+		ev = append(ev, e)
+	}
 	return decide(ev), nil
+}
+
+// loadComparable says why the primary's and the candidate's latencies cannot be compared
+// (they served different loads), or "" when they can. The load is the request rate per
+// endpoint each side served: a candidate slower at the same rate holds more requests in
+// flight, which is its own slowness, not a difference of load, so the in-flight counts are
+// reported but do not decide. With a baseline it is "": the baseline and the candidate get
+// the same copies at the same moment.
+func loadComparable(cfg Config, in Input) string {
+	l := in.Load
+	if in.Baseline != nil || !(l.ReferenceRate > 0 && l.CandidateRate > 0) {
+		return ""
+	}
+	diff := math.Abs(l.ReferenceRate - l.CandidateRate)
+	if diff <= 0.5 || diff <= cfg.MaxLoadDifference*math.Max(l.ReferenceRate, l.CandidateRate) {
+		return ""
+	}
+	why := fmt.Sprintf("the primary served %.1f requests a second per endpoint, the candidate %.1f", l.ReferenceRate, l.CandidateRate)
+	if len(l.Reference) > 0 && len(l.Candidate) > 0 {
+		why += fmt.Sprintf(" (%.1f and %.1f in flight per endpoint when sent)", Mean(l.Reference), Mean(l.Candidate))
+	}
+	return fmt.Sprintf("loads differ by more than %.0f%%: %s; their latencies measure the load, not the candidate: add a mirror.baseline",
+		100*cfg.MaxLoadDifference, why)
 }
 
 func decide(ev []Evidence) Verdict {
 	v := Verdict{Decision: Promote, Reason: "no metric regressed", Evidence: ev}
 	var crit, reg, hold []string
+	comparable := true
 	for _, e := range ev {
 		switch e.Verdict {
 		case Regression:
@@ -249,6 +367,9 @@ func decide(ev []Evidence) Verdict {
 			}
 		case Insufficient, Inconclusive:
 			hold = append(hold, fmt.Sprintf("%s %s", e.Metric, e.Verdict))
+		case NotComparable:
+			hold = append(hold, fmt.Sprintf("%s %s", e.Metric, e.Verdict))
+			comparable = false
 		}
 	}
 	switch {
@@ -264,6 +385,9 @@ func decide(ev []Evidence) Verdict {
 	case len(hold) > 0:
 		v.Decision = Hold
 		v.Reason = fmt.Sprintf("not decided: %v", hold)
+		if !comparable {
+			v.Reason += "; the candidate and the primary served different loads: add a mirror.baseline (the primary's version in a sandbox) to compare them"
+		}
 	}
 	return v
 }
@@ -298,6 +422,67 @@ func latency(cfg Config, name string, p, c []float64) Evidence {
 	return e
 }
 
+// verdictResamples and bootstrapSeed bound the cost of PairedRatio's bootstrap (of the
+// ratio of medians, which the verdict does not gate on) and make it the same for the same
+// pairs.
+const (
+	verdictResamples = MinBootstrapResamples
+	bootstrapSeed    = 0x5eed
+)
+
+// pairedLatency judges (baseline, candidate) pairs of the same requests.
+func pairedLatency(cfg Config, name string, pairs [][2]float64) Evidence {
+	e := Evidence{Metric: name, Test: StatWilcoxon, NPrimary: len(pairs), NCandidate: len(pairs),
+		Bound: cfg.MaxRegression, P: 1}
+	if len(pairs) == 0 {
+		e.Verdict, e.Note = Skipped, "no pairs"
+		return e
+	}
+	if len(pairs) < cfg.MinSamples {
+		e.Verdict = Insufficient
+		e.Note = fmt.Sprintf("need %d pairs", cfg.MinSamples)
+		return e
+	}
+	b, c := make([]float64, len(pairs)), make([]float64, len(pairs))
+	for i, p := range pairs {
+		b[i], c[i] = p[0], p[1]
+	}
+	w, err := WilcoxonLogRatio(b, c)
+	if err != nil {
+		e.Verdict, e.Note = Insufficient, err.Error()
+		return e
+	}
+	// The effect is the typical request's slowdown: the median of the per-request ratios
+	// candidate/baseline, with its interval (the ratio of the two medians mixes in how the
+	// requests differ from each other, which pairing removes; Primary and Cand keep them).
+	rr, err := PairedRatio(b, c, 1-cfg.Alpha, bootstrapSeed, verdictResamples)
+	if err != nil {
+		e.Verdict, e.Note = Insufficient, err.Error()
+		return e
+	}
+	e.Statistic, e.Z, e.P = w.WPlus, w.Z, w.P
+	e.Primary, e.Cand = rr.MedianX, rr.MedianY
+	e.Ratio, e.Low, e.High = rr.PairRatio, rr.PairLo, rr.PairHi
+	e.Effect = e.Ratio - 1
+	e.Verdict = judge(e.Effect > cfg.MaxRegression, w.P, cfg.Alpha)
+	return e
+}
+
+// critical judges a critical check: rate with NotExercised when there is too little to
+// judge and the candidate never broke where its reference did not.
+func critical(cfg Config, name string, k1, n1, k2, n2, alone int) Evidence {
+	e := rate(cfg, name, k1, n1, k2, n2, true)
+	if e.Verdict == Insufficient {
+		if alone == 0 {
+			e.Verdict = NotExercised
+			e.Note = fmt.Sprintf("%d checked (need %d to judge); the candidate never broke where its reference did not", n2, cfg.MinSamples)
+		} else {
+			e.Note = fmt.Sprintf("%d checked (need %d to judge); the candidate broke %d times where its reference did not", n2, cfg.MinSamples, alone)
+		}
+	}
+	return e
+}
+
 func rate(cfg Config, name string, k1, n1, k2, n2 int, critical bool) Evidence {
 	e := Evidence{Metric: name, Test: StatTwoProportion, Critical: critical, NPrimary: n1, NCandidate: n2, P: 1}
 	alpha := cfg.Alpha
@@ -328,7 +513,7 @@ func rate(cfg Config, name string, k1, n1, k2, n2 int, critical bool) Evidence {
 			e.Test, e.P = StatFisherExact, p
 		}
 	}
-	if r.Diff > e.Bound && r.P < alpha {
+	if r.Diff > e.Bound && e.P < alpha { // the p reported (Fisher's when shown) decides
 		e.Verdict = Regression
 	} else {
 		e.Verdict = Pass
@@ -400,4 +585,15 @@ func finite(xs []float64) []float64 {
 		}
 	}
 	return xs
+}
+
+// finitePairs returns the pairs whose two values are finite and positive.
+func finitePairs(ps [][2]float64) [][2]float64 {
+	out := ps[:0:0]
+	for _, p := range ps {
+		if p[0] > 0 && p[1] > 0 && !math.IsInf(p[0], 0) && !math.IsInf(p[1], 0) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

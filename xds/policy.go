@@ -88,10 +88,13 @@ type RetryPolicy struct {
 // fraction as runtime_fraction.default_value).
 type MirrorPolicy struct {
 	Model           string              `yaml:"model,omitempty"`
+	Baseline        string              `yaml:"baseline,omitempty"`
 	ReplicaFraction float64             `yaml:"replica_fraction,omitempty"`
+	AbnormalFinish  []string            `yaml:"abnormal_finish,omitempty"`
 	MaxQueue        int                 `yaml:"max_queue,omitempty"`
 	MaxConcurrency  int                 `yaml:"max_concurrency,omitempty"`
 	CaptureBytes    config.ByteSize     `yaml:"capture_bytes,omitempty"`
+	CaptureTotal    config.ByteSize     `yaml:"capture_total,omitempty"`
 	Timeout         config.Duration     `yaml:"timeout,omitempty"`
 	StripHeaders    []string            `yaml:"strip_headers,omitempty"`
 	SetHeaders      map[string]string   `yaml:"set_headers,omitempty"`

@@ -637,7 +637,8 @@ func (t *translator) route(at string, r *routev3.Route, vhRetry *routev3.RetryPo
 			mi = nil
 		}
 		if x := rp.Mirror; x != nil {
-			mi.Model, mi.ReplicaFraction, mi.MaxQueue, mi.MaxConcurrency = x.Model, x.ReplicaFraction, x.MaxQueue, x.MaxConcurrency
+			mi.Model, mi.Baseline, mi.ReplicaFraction, mi.AbnormalFinish = x.Model, x.Baseline, x.ReplicaFraction, x.AbnormalFinish
+			mi.MaxQueue, mi.MaxConcurrency, mi.CaptureTotal = x.MaxQueue, x.MaxConcurrency, x.CaptureTotal
 			mi.CaptureBytes, mi.Timeout, mi.StripHeaders, mi.SetHeaders, mi.Progression = x.CaptureBytes, x.Timeout, x.StripHeaders, x.SetHeaders, x.Progression
 		}
 		if mi != nil {

@@ -333,13 +333,15 @@ func TestTranslateRoutes(t *testing.T) {
 				}}}
 			})
 			r.TypedPerFilterConfig = map[string]*anypb.Any{PolicyName: typedStruct(t, map[string]any{"mirror": map[string]any{
-				"model": "cand-model", "replica_fraction": 0.2, "max_queue": 8, "max_concurrency": 2, "capture_bytes": "64KiB",
+				"model": "cand-model", "baseline": "small", "max_queue": 8, "max_concurrency": 2, "capture_bytes": "64KiB",
+				"abnormal_finish": []any{"content_filter"}, "capture_total": "128MiB",
 				"strip_headers": []any{"x-user"}, "set_headers": map[string]any{"x-shadow": "1"},
 			}})}
 			return r
 		}(),
 		want: config.Route{Name: "mirror", Match: config.Match{PathPrefix: "/"}, Cluster: "llama", Mirror: &config.Mirror{
-			Cluster: "cand", Fraction: 0.1, Model: "cand-model", ReplicaFraction: 0.2, MaxQueue: 8, MaxConcurrency: 2,
+			Cluster: "cand", Fraction: 0.1, Model: "cand-model", Baseline: "small", MaxQueue: 8, MaxConcurrency: 2,
+			AbnormalFinish: []string{"content_filter"}, CaptureTotal: 128 << 20,
 			CaptureBytes: 64 << 10, StripHeaders: []string{"x-user"}, SetHeaders: map[string]string{"x-shadow": "1"},
 		}},
 	}, {

@@ -196,7 +196,8 @@ func demoConfigFor(addrs map[string]string) (*config.Config, error) {
 }
 
 // demoShadow mirrors the llama route to a deliberately worse candidate (prefill twice as slow,
-// 5% of requests failing), runs the workload again and prints the shadow report.
+// 5% of requests failing) and to a baseline (the primary's version in a sandbox of the same
+// size), runs the workload again and prints the shadow report.
 func demoShadow(ctx context.Context, w io.Writer, srv *proxy.Server, addrs map[string]string, requests, turns, concurrency, maxTokens int, slo load.SLO) error {
 	cand, err := startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 80 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
 		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, ErrorRate5xx: 0.05, Seed: 4})
@@ -204,7 +205,13 @@ func demoShadow(ctx context.Context, w io.Writer, srv *proxy.Server, addrs map[s
 		return fmt.Errorf("shadow phase: %w", err)
 	}
 	defer cand.stop()
-	with := map[string]string{"Candidate": cand.addr}
+	base, err := startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 40 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
+		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, Seed: 5})
+	if err != nil {
+		return fmt.Errorf("shadow phase: %w", err)
+	}
+	defer base.stop()
+	with := map[string]string{"Candidate": cand.addr, "Baseline": base.addr}
 	for k, v := range addrs {
 		with[k] = v
 	}
@@ -219,7 +226,8 @@ func demoShadow(ctx context.Context, w io.Writer, srv *proxy.Server, addrs map[s
 	turns = min(turns, requests)
 	sessions := (requests + turns - 1) / turns
 	fmt.Fprintf(w, "\nshadow phase: config applied live; chat-llama mirrors every session to llama-candidate (prefill\n")
-	fmt.Fprintf(w, "  twice as slow, 5%% of requests fail), a quarter of the copies also to llama-primary again; %d sessions × %d turns\n\n", sessions, turns)
+	fmt.Fprintf(w, "  twice as slow, 5%% of requests fail) and, at the same moment, to llama-baseline (the primary's version in a\n")
+	fmt.Fprintf(w, "  sandbox of the candidate's size): the candidate is judged against the baseline; %d sessions × %d turns\n\n", sessions, turns)
 	sp, err := load.ParseSessions(fmt.Sprintf("n=%d,turns=%d,in=uniform:40:120,out=fixed:%d,think=gamma:2:10ms", sessions, turns, maxTokens))
 	if err != nil {
 		return err

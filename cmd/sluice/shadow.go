@@ -49,10 +49,13 @@ const shadowUsage = `usage: sluice shadow report [--admin URL] [--token-env NAME
        sluice shadow export [--admin URL] [--token-env NAME] [--route R] [--limit N] [--out FILE]
        sluice shadow export --store FILE [--route R] [--limit N] [--out FILE]
 
-Shadow traffic: the candidate's answers to mirrored requests compared with the primary's.
-'report' prints each mirrored route's verdict (promote, hold or rollback), the per-metric
-tests, the latency distributions side by side, the similarity against the noise floor, the
-verdict history and recent pair problems. It asks a running gateway (GET /admin/shadow.json)
+Shadow traffic: the candidate's answers to mirrored requests compared with its reference's:
+the baseline's (the primary's version in a sandbox, asked at the same moment) when the route
+has one, else the primary's. 'report' prints each mirrored route's verdict (promote, hold or
+rollback), the mirror's counters per side, the per-metric tests (reference, test, n, effect,
+p; paired latencies as a ratio with its interval), the loads, the latency distributions of
+the primary, baseline and candidate side by side, the similarity against the noise floor,
+the verdict history and recent pair problems. It asks a running gateway (GET /admin/shadow.json)
 or, with --store, reads the SQLite store offline (the window of pairs is rebuilt from it).
 'export' writes stored pairs, redacted, as JSON lines (oldest first) that 'sluice load
 --trace FILE' can replay against a sandbox.

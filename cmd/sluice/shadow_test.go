@@ -15,7 +15,8 @@ import (
 	"github.com/sluicegw/sluice/shadow"
 )
 
-// shadowStore writes a small store: 3 pairs and a rollback verdict on route chat.
+// shadowStore writes a small store: 3 pairs and a rollback verdict on route chat, and 3
+// triples (with a baseline, loads measured) on route tri.
 func shadowStore(t *testing.T) string {
 	t.Helper()
 	ctx := context.Background()
@@ -32,6 +33,21 @@ func shadowStore(t *testing.T) string {
 		c.TTFT = 60 * time.Millisecond
 		body := []byte(`{"model":"m","user":"carol","messages":[{"role":"user","content":"hi ` + string(rune('a'+i)) + `"}],"stream":true}`)
 		rec := shadow.NewPairRecord("chat", t0.Add(time.Duration(i)*time.Second), body, p, c, nil, shadow.Compare(shadow.Request{}, p, c))
+		if err := st.AddPair(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache := shadow.NewSchemaCache(8)
+	for i := range 3 {
+		p := shadow.Answer{Status: 200, TTFT: 40 * time.Millisecond, E2E: 400 * time.Millisecond, OutputTokens: 5, FinishReason: "stop", Text: "hello there"}
+		b, c := p, p
+		b.TTFT, b.Text = 42*time.Millisecond, "hello over there"
+		c.TTFT = 60 * time.Millisecond
+		body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+		res := cache.CompareTriple(shadow.Request{}, p, &b, c)
+		res.Loads = shadow.Loads{Primary: 5, Baseline: 2, Candidate: 3, Valid: true}
+		rec := shadow.NewPairRecord("tri", t0.Add(time.Duration(i)*time.Second), body, p, c, nil, res)
+		rec.SetBaseline(b)
 		if err := st.AddPair(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
@@ -94,6 +110,11 @@ func TestShadowCommand(t *testing.T) {
 			[]string{"route chat", "decision: ROLLBACK", "regression", "action weight 10→0", "ttft"}, ""},
 		{"offline report json", []string{"shadow", "report", "--store", store, "--json", "--html", out + ".html"}, 0,
 			[]string{`"decision": "rollback"`, `"stored_pairs": 3`}, ""},
+		{"offline report of triples", []string{"shadow", "report", "--store", store, "--route", "tri"}, 0,
+			[]string{"route tri", "baseline errors 0", "noise floor 3 (primary against baseline)", "baseline n",
+				"loads:    mean in flight per endpoint: baseline 2.0, candidate 3.0 (n 3)", "wilcoxon-signed-rank", "3 pairs"}, ""},
+		{"offline export of triples", []string{"shadow", "export", "--store", store, "--route", "tri"}, 0,
+			[]string{`"baseline":{"status":200,"ttft_ms":42`, `"noise_similarity":`, `"loads":{"primary":5,"baseline":2,"candidate":3}`}, "exported 3 pairs"},
 		{"offline unknown route", []string{"shadow", "report", "--store", store, "--route", "nope"}, 0, []string{"route nope", "decision: NONE"}, ""},
 		{"missing store", []string{"shadow", "report", "--store", filepath.Join(t.TempDir(), "typo.db")}, 1, nil, "no such file"},
 		{"offline export", []string{"shadow", "export", "--store", store, "--route", "chat", "--limit", "2"}, 0,

@@ -56,7 +56,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	t.Setenv("SLUICE_TEST_EMPTY", "")
 	bad := `
 listen: "nope"
-admin: {listen: "0.0.0.0:9090", token_env: SLUICE_TEST_EMPTY}
+admin: {listen: "0.0.0.0:9090", token_env: SLUICE_TEST_EMPTY, metrics_token_env: SLUICE_TEST_EMPTY, ready_clusters: [nope, b]}
 max_body_bytes: 10
 timeouts: {ttft: -1s}
 clusters:
@@ -68,6 +68,7 @@ clusters:
   - name: a
     endpoints: []
   - endpoints: [{url: "http://h:2", metrics: "::"}, {url: "http://u:p@h:3", weight: 20000}]
+  - {name: b, endpoints: [{url: "http://h:4"}], health_check: {disabled: true}}
 routes:
   - {name: r1, cluster: x}
   - {name: r1, cluster: a, match: {path_prefix: v1, model: "[", headers: {"bad name": v}}}
@@ -95,6 +96,9 @@ routes:
 		`clusters[2].endpoints[0].metrics: "::": missing protocol scheme`,
 		`clusters[2].endpoints[1].url: "http://u:p@h:3": must not contain user info`,
 		`clusters[2].endpoints[1].weight: 20000 is not within 1..10000`,
+		`admin.ready_clusters[0]: unknown cluster "nope"`,
+		`admin.ready_clusters[1]: cluster "b" has no active health check, so its readiness is unknown`,
+		`admin.metrics_token_env: SLUICE_TEST_EMPTY is not set (or empty)`,
 		`routes[0].cluster: unknown cluster "x"`,
 		`routes[1].name: duplicate route "r1"`,
 		`routes[1].match.path_prefix: must start with /`,
@@ -325,9 +329,17 @@ func TestValidateMirror(t *testing.T) {
 		want                 []string
 	}{
 		{"valid", `{cluster: cand, fraction: 0.2, set_headers: {x-env: shadow}}`, "", nil},
-		{"bounds", `{cluster: cand, fraction: 0, replica_fraction: 2, max_concurrency: 2000, capture_bytes: 10}`, "", []string{
+		{"bounds", `{cluster: cand, fraction: 0, replica_fraction: 2, max_concurrency: 5000, capture_bytes: 10}`, "", []string{
 			"mirror.fraction: 0 is not within (0, 1]", "mirror.replica_fraction: 2 is not within [0, 1]",
-			"mirror.max_concurrency: 2000 is not within 1..1024", "mirror.capture_bytes: 10 is too small"}},
+			"mirror.max_concurrency: 5000 is not within 1..4096", "mirror.capture_bytes: 10 is too small"}},
+		{"valid baseline", `{cluster: cand, baseline: base, fraction: 1, abnormal_finish: [content_filter, missing]}`, "", nil},
+		{"baseline problems", `{cluster: cand, baseline: nope, fraction: 1}`, "", []string{`mirror.baseline: unknown cluster "nope"`}},
+		{"baseline is the candidate", `{cluster: cand, baseline: cand, fraction: 1}`, "", []string{`mirror.baseline: "cand" is the candidate's cluster`}},
+		{"baseline is production", `{cluster: cand, baseline: main, fraction: 1}`, "", []string{`mirror.baseline: "main" is the route's own cluster`}},
+		{"baseline and replica", `{cluster: cand, baseline: base, fraction: 1, replica_fraction: 0.1, abnormal_finish: [""]}`, "", []string{
+			"mirror.replica_fraction: not with a baseline", `mirror.abnormal_finish[0]: "" is not a finish reason`}},
+		{"capture_total below capture_bytes", `{cluster: cand, fraction: 1, capture_bytes: 2MiB, capture_total: 1MiB}`, "", []string{
+			"mirror.capture_total: 1048576 is less than capture_bytes (2097152)"}},
 		{"unknown and own cluster", `{cluster: nope, fraction: 1}`, "", []string{`mirror.cluster: unknown cluster "nope"`}},
 		{"own cluster", `{cluster: main, fraction: 1}`, "", []string{`mirror.cluster: "main" is the route's own cluster`}},
 		{"credentials in set_headers", `{cluster: cand, fraction: 1, set_headers: {X-Goog-Api-Key: k, Authorization: b}}`, "", []string{
@@ -341,13 +353,15 @@ func TestValidateMirror(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			y := "clusters:\n  - {name: main, endpoints: [{url: \"http://h:1\"}]}\n  - {name: cand, endpoints: [{url: \"http://h:2\"}]}\n" +
+				"  - {name: base, endpoints: [{url: \"http://h:3\"}]}\n" +
 				"routes:\n  - name: chat\n    cluster: main\n" + tc.splits + "    mirror: " + tc.mirror + "\n"
 			c, err := Parse([]byte(y))
 			if len(tc.want) == 0 {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if m := c.Routes[0].Mirror; m.MaxQueue != DefaultMirrorMaxQueue || m.CaptureBytes != DefaultMirrorCaptureBytes {
+				if m := c.Routes[0].Mirror; m.MaxQueue != DefaultMirrorMaxQueue || m.CaptureBytes != DefaultMirrorCaptureBytes ||
+					m.MaxConcurrency != DefaultMirrorMaxConcurrency || m.CaptureTotal != DefaultMirrorCaptureTotal {
 					t.Errorf("defaults not applied: %+v", m)
 				}
 				return

@@ -36,7 +36,7 @@ const (
 	DefaultWriteTimeout = 30 * time.Second
 
 	DefaultMaxHeaderBytes          = 64 << 10
-	DefaultMaxConnectionsPerClient = 512
+	DefaultMaxConnectionsPerClient = 512 // with trusted_proxies only (limits.max_connections_per_client unset)
 	DefaultMaxBufferedAnswer       = 8 << 20
 	DefaultMaxBufferedTotal        = 256 << 20
 
@@ -58,8 +58,9 @@ const (
 	DefaultMaxIdleConnsPerHost = 256
 
 	DefaultMirrorMaxQueue       = 64
-	DefaultMirrorMaxConcurrency = 4
+	DefaultMirrorMaxConcurrency = 512
 	DefaultMirrorCaptureBytes   = 1 << 20
+	DefaultMirrorCaptureTotal   = 256 << 20
 	DefaultShadowInterval       = 10 * time.Second
 	DefaultShadowWindow         = 500
 	DefaultShadowRetention      = 100000
@@ -223,9 +224,6 @@ func (c *Config) applyDefaults() {
 	if lm.MaxHeaderBytes == 0 {
 		lm.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
-	if lm.MaxConnectionsPerClient == 0 {
-		lm.MaxConnectionsPerClient = DefaultMaxConnectionsPerClient
-	}
 	if lm.MaxBufferedAnswer == 0 {
 		lm.MaxBufferedAnswer = DefaultMaxBufferedAnswer
 	}
@@ -303,6 +301,9 @@ func (c *Config) applyDefaults() {
 			}
 			if m2.CaptureBytes == 0 {
 				m2.CaptureBytes = DefaultMirrorCaptureBytes
+			}
+			if m2.CaptureTotal == 0 {
+				m2.CaptureTotal = max(DefaultMirrorCaptureTotal, m2.CaptureBytes)
 			}
 			if m2.Timeout == 0 {
 				m2.Timeout = Duration(DefaultTotalTimeout)
@@ -391,8 +392,8 @@ func (c *Config) Validate() error {
 	if lm.MaxConnections < 0 {
 		add("limits.max_connections: must not be negative (0: three quarters of the open-file limit)")
 	}
-	if lm.MaxConnectionsPerClient < 0 {
-		add("limits.max_connections_per_client: must not be negative")
+	if lm.MaxConnectionsPerClient < -1 {
+		add("limits.max_connections_per_client: %d is not a bound (0: the default, -1: none)", lm.MaxConnectionsPerClient)
 	}
 	if lm.MaxBufferedAnswer < 64<<10 {
 		add("limits.max_buffered_answer: %d is too small (at least 64KiB)", lm.MaxBufferedAnswer)
@@ -511,6 +512,24 @@ func (c *Config) Validate() error {
 			add("%s.picking.affinity_min_prefix: must not be negative", at)
 		}
 	}
+	for i, name := range c.Admin.ReadyClusters {
+		at := fmt.Sprintf("admin.ready_clusters[%d]", i)
+		var cl *Cluster
+		for j := range c.Clusters {
+			if c.Clusters[j].Name == name {
+				cl = &c.Clusters[j]
+			}
+		}
+		switch {
+		case cl == nil:
+			add("%s: unknown cluster %q", at, name)
+		case cl.HealthCheck.Disabled || cl.HealthCheck.Interval == 0:
+			add("%s: cluster %q has no active health check, so its readiness is unknown", at, name)
+		}
+	}
+	if c.Admin.MetricsTokenEnv != "" && !c.Remote && os.Getenv(c.Admin.MetricsTokenEnv) == "" {
+		add("admin.metrics_token_env: %s is not set (or empty)", c.Admin.MetricsTokenEnv)
+	}
 
 	tenants := map[string]bool{}
 	for i, t := range c.Tenants {
@@ -616,6 +635,23 @@ func checkMirror(add func(string, ...any), at string, r Route, m *Mirror, cluste
 	case m.Cluster == r.Cluster && len(r.Splits) == 0:
 		add("%s.cluster: %q is the route's own cluster; mirror to a sandbox cluster", at, m.Cluster)
 	}
+	switch {
+	case m.Baseline == "":
+	case !clusters[m.Baseline]:
+		add("%s.baseline: unknown cluster %q", at, m.Baseline)
+	case m.Baseline == m.Cluster:
+		add("%s.baseline: %q is the candidate's cluster; the baseline runs the primary's version in its own sandbox", at, m.Baseline)
+	case m.Baseline == r.Cluster && len(r.Splits) == 0:
+		add("%s.baseline: %q is the route's own cluster; the baseline is a sandbox (use replica_fraction to compare against production)", at, m.Baseline)
+	}
+	if m.Baseline != "" && m.ReplicaFraction > 0 {
+		add("%s.replica_fraction: not with a baseline (the noise floor is the primary against the baseline)", at)
+	}
+	for i, f := range m.AbnormalFinish {
+		if f == "" || len(f) > 64 {
+			add("%s.abnormal_finish[%d]: %q is not a finish reason (\"missing\" for none)", at, i, f)
+		}
+	}
 	if !(m.Fraction > 0 && m.Fraction <= 1) {
 		add("%s.fraction: %v is not within (0, 1]", at, m.Fraction)
 	}
@@ -625,11 +661,14 @@ func checkMirror(add func(string, ...any), at string, r Route, m *Mirror, cluste
 	if m.MaxQueue < 0 || m.MaxQueue > 1<<16 {
 		add("%s.max_queue: %d is not within 0..65536", at, m.MaxQueue)
 	}
-	if m.MaxConcurrency < 1 || m.MaxConcurrency > 1024 {
-		add("%s.max_concurrency: %d is not within 1..1024", at, m.MaxConcurrency)
+	if m.MaxConcurrency < 1 || m.MaxConcurrency > 4096 {
+		add("%s.max_concurrency: %d is not within 1..4096", at, m.MaxConcurrency)
 	}
 	if m.CaptureBytes < 1024 {
 		add("%s.capture_bytes: %d is too small (at least 1024)", at, m.CaptureBytes)
+	}
+	if m.CaptureTotal < m.CaptureBytes {
+		add("%s.capture_total: %d is less than capture_bytes (%d)", at, m.CaptureTotal, m.CaptureBytes)
 	}
 	if m.Timeout < 0 {
 		add("%s.timeout: must not be negative", at)

@@ -89,6 +89,14 @@ type Admin struct {
 	// TokenEnv names the environment variable holding the bearer token for /admin/*.
 	// A token is required when Listen is not a loopback address.
 	TokenEnv string `yaml:"token_env" json:"token_env"`
+	// MetricsTokenEnv names the environment variable holding a bearer token that /metrics
+	// requires (the admin token is accepted too): a scrape credential that grants nothing
+	// else. Empty: /metrics needs no token.
+	MetricsTokenEnv string `yaml:"metrics_token_env" json:"metrics_token_env,omitempty"`
+	// ReadyClusters keeps /readyz 503 while any of these clusters has no endpoint that has
+	// passed an active health check and is healthy now: a sidecar is ready only while its
+	// model server is.
+	ReadyClusters []string `yaml:"ready_clusters" json:"ready_clusters,omitempty"`
 }
 
 // Timeouts bound one upstream attempt. Zero means "inherit" while loading and "none" once resolved.
@@ -123,7 +131,9 @@ type Limits struct {
 	// file descriptors.
 	MaxConnections int `yaml:"max_connections" json:"max_connections"`
 	// MaxConnectionsPerClient bounds one client address's open connections (trusted proxies
-	// are exempt: they carry many clients).
+	// are exempt: they carry many clients). 0: DefaultMaxConnectionsPerClient when
+	// TrustedProxies are configured, else none (the peer may be a load balancer or a sidecar
+	// carrying every client); -1: none.
 	MaxConnectionsPerClient int `yaml:"max_connections_per_client" json:"max_connections_per_client"`
 	// MaxBufferedAnswer bounds a non-streaming answer held whole before it is relayed (so that
 	// a failed one can be retried); a longer one is streamed through.
@@ -277,15 +287,31 @@ type Mirror struct {
 	// Fraction of sessions mirrored (0..1]. The choice hashes the session (else the API key's
 	// tenant, else the client), so a whole conversation is mirrored or none of it.
 	Fraction float64 `yaml:"fraction" json:"fraction"`
+	// Baseline is a sandbox cluster running the primary's version: each sampled request is
+	// sent to it and to the candidate at the same moment, and latency, error and finish
+	// verdicts compare the candidate with it (same requests, same time, same load). The text
+	// noise floor is then the primary against the baseline.
+	Baseline string `yaml:"baseline" json:"baseline,omitempty"`
 	// ReplicaFraction of mirrored requests are also sent to the primary's cluster a second time:
 	// primary-vs-primary differences are the noise floor the candidate's are judged against.
+	// Without a baseline only; it adds load to production and biases its latency.
 	ReplicaFraction float64 `yaml:"replica_fraction" json:"replica_fraction,omitempty"`
+	// AbnormalFinish lists the finish reasons that count as abnormal ("missing" for an answer
+	// without one). Default: content_filter, missing, and length when the request set no
+	// max_tokens (running into max_tokens it asked for is a normal end).
+	AbnormalFinish []string `yaml:"abnormal_finish" json:"abnormal_finish,omitempty"`
 	// MaxQueue bounds the copies waiting for a worker; past it a copy is dropped and counted.
 	MaxQueue int `yaml:"max_queue" json:"max_queue"`
-	// MaxConcurrency bounds the copies in flight to the sandbox (and replicas).
+	// MaxConcurrency bounds the mirrored requests whose sandbox copies are in flight (one copy
+	// to the candidate, one to the baseline when set, one to the primary for a replica). A
+	// copy that is done does not hold its slot while its primary's answer is still coming.
 	MaxConcurrency int `yaml:"max_concurrency" json:"max_concurrency"`
 	// CaptureBytes bounds how much of each side's answer is kept for the comparison.
 	CaptureBytes ByteSize `yaml:"capture_bytes" json:"capture_bytes"`
+	// CaptureTotal bounds the answers the route's mirror holds at once, every side of every
+	// mirrored request in flight together: past it an answer is kept no further (as past
+	// capture_bytes: timed, not compared as text).
+	CaptureTotal ByteSize `yaml:"capture_total" json:"capture_total"`
 	// Timeout bounds one sandbox request.
 	Timeout Duration `yaml:"timeout" json:"timeout"`
 	// StripHeaders are removed from the copies, on top of the credentials, which always are

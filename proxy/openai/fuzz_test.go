@@ -43,6 +43,8 @@ func FuzzParseRequest(f *testing.F) {
 		{KindResponses, `{"model":"m","input":[{"type":"function_call_output","output":5}]}`},
 		{KindResponses, `{"model":"m","input":[1,2]}`},
 		{KindResponses, `{"model":"m","input":[{"role":"user","content":"x"}],"input":null}`},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_to\u212aens":100000}`},
+		{KindChat, "{\"model\":\"m\",\"me\u017f\u017fages\":[],\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_call\u017f\":[]}]}"},
 	}
 	for _, s := range seeds {
 		f.Add(uint8(s.kind), []byte(s.body))
@@ -84,6 +86,15 @@ func FuzzParseRequest(f *testing.F) {
 		var top map[string]json.RawMessage
 		if err := json.Unmarshal(body, &top); err != nil {
 			t.Fatalf("encoding/json: %v", err)
+		}
+		// No key that encoding/json would read as a measured field (case folded) passed
+		// under another spelling.
+		for k := range top {
+			for _, m := range topKeys {
+				if k != m && strings.EqualFold(k, m) {
+					t.Fatalf("key %q (read as %q by encoding/json) accepted", k, m)
+				}
+			}
 		}
 		// The model may be absent or null (Model ""), never "".
 		var model *string

@@ -1,12 +1,14 @@
 package openai
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"strconv"
+	"unicode/utf8"
 )
 
 // MaxN bounds a request's n (choices per prompt), as OpenAI's API does: every choice is a
@@ -919,8 +921,16 @@ func (p *parser) measuredKey(kt, raw []byte, esc bool, keys []string, seen uint6
 	return seen, true
 }
 
-// foldEqual reports whether b equals s ignoring ASCII case (s is lower case ASCII).
+// foldEqual reports whether b equals s under Unicode simple case folding, as encoding/json
+// matches keys to fields (s is lower case ASCII). Beyond ASCII case, two runes fold to ASCII
+// letters: the Kelvin sign K (U+212A) to k and the long s ſ (U+017F) to s, so that a Go
+// server reads "max_to\u212aens" as max_tokens. b is the decoded key.
 func foldEqual(b []byte, s string) bool {
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
+			return len(b) > len(s) && bytes.EqualFold(b, []byte(s))
+		}
+	}
 	if len(b) != len(s) {
 		return false
 	}

@@ -1300,3 +1300,50 @@ func TestErrorResponsesSSE(t *testing.T) {
 		})
 	}
 }
+
+// TestUnicodeFoldedKeysRefused: encoding/json matches keys to fields with Unicode case
+// folding, under which the Kelvin sign K (U+212A) is a k and the long s ſ (U+017F) an s:
+// a Go model server reads "max_to\u212aens" as max_tokens. Such a key differs from a
+// measured one only by case and is refused, escaped or not, at the top level and in a message.
+func TestUnicodeFoldedKeysRefused(t *testing.T) {
+	tests := []struct {
+		name  string
+		kind  Kind
+		body  string
+		param string
+	}{
+		{"escaped Kelvin sign", KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_to\u212aens":100000}`, "max_to\u212aens"},
+		{"raw Kelvin sign", KindChat, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_to\u212aens\":100000}", "max_to\u212aens"},
+		{"escaped long s", KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"me\u017f\u017fages":[{"role":"user","content":"huge"}]}`, "me\u017f\u017fages"},
+		{"raw long s", KindResponses, "{\"model\":\"m\",\"input\":\"x\",\"in\u017ftructions\":\"huge\"}", "in\u017ftructions"},
+		{"long s in max_completion_tokens", KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_to\u212aen\u017f":9}`, "max_completion_to\u212aen\u017f"},
+		{"message content", KindChat, `{"model":"m","messages":[{"role":"user","content":"x","content\u017f":1,"tool_call\u017f":[]}]}`, "messages[0].tool_call\u017f"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The premise: Go's decoder reads the key as the measured field.
+			var probe map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(tt.body), &probe); err != nil {
+				t.Fatal(err)
+			}
+			r, err := ParseRequest(tt.kind, []byte(tt.body))
+			if err == nil {
+				t.Fatalf("accepted: max_tokens %d, %d messages", r.MaxTokens, r.Messages)
+			}
+			var e *Error
+			if !errors.As(err, &e) || e.Code != codeInvalidValue || !strings.Contains(e.Message, "only by case") {
+				t.Fatalf("got %v, want 400 invalid_value (only by case)", err)
+			}
+			if tt.name != "message content" && e.Param != tt.param {
+				t.Errorf("param %q, want %q", e.Param, tt.param)
+			}
+		})
+	}
+	// encoding/json really does read them so.
+	var v struct {
+		MaxTokens int `json:"max_tokens"`
+	}
+	if err := json.Unmarshal([]byte(`{"max_to\u212aens":100000}`), &v); err != nil || v.MaxTokens != 100000 {
+		t.Fatalf("premise: encoding/json read max_tokens %d (%v)", v.MaxTokens, err)
+	}
+}

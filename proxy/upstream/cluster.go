@@ -124,6 +124,35 @@ func (c *Cluster) Name() string { return c.name }
 // the caller must not modify it.
 func (c *Cluster) Endpoints() []*Endpoint { return c.endpoints }
 
+// Ready reports whether some endpoint of the cluster is Ready (without active health checks,
+// whether it has an endpoint).
+func (c *Cluster) Ready() bool {
+	for _, e := range c.endpoints {
+		if e.Ready() {
+			return true
+		}
+	}
+	return false
+}
+
+// HealthChecked reports whether the cluster's endpoints are actively health checked.
+func (c *Cluster) HealthChecked() bool { return c.hcEnabled }
+
+// Load returns the requests in flight per endpoint of the cluster (healthy or not) and the
+// requests ever begun on its endpoints (across reloads, as InFlight). Shadow verdicts use it
+// to tell whether two clusters served alike loads.
+func (c *Cluster) Load() (perEndpoint float64, begun int64) {
+	if len(c.endpoints) == 0 {
+		return 0, 0
+	}
+	var in int64
+	for _, e := range c.endpoints {
+		in += e.st.inFlight.Load()
+		begun += e.st.requests.Load()
+	}
+	return float64(in) / float64(len(c.endpoints)), begun
+}
+
 // Transport returns the cluster's shared transport (see newTransport for its settings).
 func (c *Cluster) Transport() http.RoundTripper { return c.transport.t }
 

@@ -33,6 +33,7 @@ type Endpoint struct {
 type endpointState struct {
 	inFlight     atomic.Int64
 	healthy      atomic.Bool
+	passed       atomic.Bool  // an active check has succeeded at least once
 	ejectedUntil atomic.Int64 // unix nanoseconds by the cluster's Clock; 0 = never ejected
 	consecutive  atomic.Int64 // consecutive passive failures
 	requests     atomic.Int64 // requests begun
@@ -101,6 +102,13 @@ func (e *Endpoint) Acquire() (release func()) {
 // Healthy reports the endpoint's active health-check status (true when checks are off).
 func (e *Endpoint) Healthy() bool {
 	return !e.cluster.hcEnabled || e.st.healthy.Load()
+}
+
+// Ready reports whether the endpoint has been seen healthy: with active checks, healthy and
+// having passed a check at least once (the optimistic start, before any check, is not ready:
+// a model server still loading its weights); without checks, always.
+func (e *Endpoint) Ready() bool {
+	return !e.cluster.hcEnabled || (e.st.healthy.Load() && e.st.passed.Load())
 }
 
 // Available reports whether Pick would consider the endpoint outside panic mode: healthy by

@@ -115,6 +115,7 @@ func (c *Cluster) recordCheck(e *Endpoint, err error) {
 		s.lastCheckErr = ""
 		s.hcFailures = 0
 		s.hcSuccesses++
+		s.passed.Store(true)
 		if !s.healthy.Load() && s.hcSuccesses >= hc.HealthyThreshold {
 			s.healthy.Store(true)
 			changed, healthy = true, true

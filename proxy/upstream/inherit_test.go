@@ -191,3 +191,23 @@ func TestInheritNilAndClosed(t *testing.T) {
 	}
 	old.Endpoints()[0].End()
 }
+
+func TestClusterLoad(t *testing.T) {
+	c := newTestCluster(t, Options{Name: "c", Endpoints: specs(4)})
+	if per, begun := c.Load(); per != 0 || begun != 0 {
+		t.Fatalf("idle Load = %v, %d", per, begun)
+	}
+	eps := c.Endpoints()
+	eps[0].Begin()
+	eps[0].Begin()
+	eps[1].Begin()
+	eps[1].End()
+	if per, begun := c.Load(); per != 0.5 || begun != 3 {
+		t.Fatalf("Load = %v per endpoint, %d begun; want 0.5, 3", per, begun)
+	}
+	eps[0].End()
+	eps[0].End()
+	if per, begun := c.Load(); per != 0 || begun != 3 {
+		t.Fatalf("Load after End = %v, %d; want 0, 3", per, begun)
+	}
+}

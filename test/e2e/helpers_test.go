@@ -403,6 +403,12 @@ func startRecorder(t *testing.T, respond func(w http.ResponseWriter, r *http.Req
 		if r.URL.Path == "/health" {
 			return
 		}
+		if r.Header.Get("User-Agent") == "sluice-model-discovery" {
+			// The gateway's own model discovery, whenever its health checks ask: not the
+			// traffic a test counts (and a recorder answers no model list).
+			http.NotFound(w, r)
+			return
+		}
 		rec.mu.Lock()
 		rec.headers = append(rec.headers, r.Header.Clone())
 		rec.bodies = append(rec.bodies, string(b))

@@ -3,15 +3,18 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/test/sim"
 )
 
@@ -372,6 +375,39 @@ func TestDrainDelay(t *testing.T) {
 	}
 }
 
+// TestDrainDelayKeepsReadinessOff: a config applied during the drain delay (an xDS update, a
+// reload) does not turn readiness back on.
+func TestDrainDelayKeepsReadinessOff(t *testing.T) {
+	up := startRoutingUpstream(t, sim.Config{}, -1)
+	g := startGateway(t, "drain_delay: 1500ms\n"+routingConfig("  - {name: all, cluster: main}\n", "main", up.URL))
+	done := make(chan error, 1)
+	go func() { done <- g.srv.Drain() }()
+	hc := newHTTPClient(t)
+	ready := func() int {
+		resp, _ := do(t, hc, http.MethodGet, "http://"+g.admin+"/readyz", "")
+		return resp.StatusCode
+	}
+	eventually(t, time.Second, "not ready", func() bool { return ready() == http.StatusServiceUnavailable })
+	next, err := config.Parse([]byte("drain_delay: 1500ms\n" + routingConfig("  - {name: all-v2, cluster: main}\n", "main", up.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.srv.Apply(next); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if st := ready(); st != http.StatusServiceUnavailable {
+		t.Errorf("/readyz %d after a config applied during the drain delay, want 503", st)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Drain: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no drain after the delay")
+	}
+}
+
 // TestAnonymousClientsBehindAProxy: every client behind a load balancer has its address. By
 // default (no trusted proxies) one client's refused prompts never cut off another; with
 // trusted_proxies the clients are told apart by X-Forwarded-For, and the one sending
@@ -403,4 +439,91 @@ func TestAnonymousClientsBehindAProxy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSlowUploadPassThrough: a pass-through body (a multipart transcription upload) that does
+// not arrive within timeouts.body is the client's failure over HTTP/1 and HTTP/2: 408
+// body_timeout, never a connection failure of the model server (no endpoint failure, no
+// retry, no 502).
+func TestSlowUploadPassThrough(t *testing.T) {
+	var upstreamSaw atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			// A real server refuses the part it got (or the connection is gone).
+			http.Error(w, `{"error":{"message":"malformed multipart body","type":"invalid_request_error"}}`, http.StatusBadRequest)
+			return
+		}
+		upstreamSaw.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"text":"hi"}`)
+	}))
+	defer up.Close()
+	g := startGateway(t, "timeouts: {body: 300ms}\n"+oneRoute("    health_check: {disabled: true}\n", "", up.URL))
+	hc := newHTTPClient(t)
+	const boundary = "b0undary"
+	head := "--" + boundary + "\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--" + boundary +
+		"\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n" + strings.Repeat("RIFF", 256)
+	endpointFailures := func() int64 {
+		_, b := do(t, hc, http.MethodGet, "http://"+g.admin+"/admin/endpoints", "")
+		var eps map[string][]struct {
+			Failures int64 `json:"failures"`
+		}
+		if err := json.Unmarshal(b, &eps); err != nil || len(eps["main"]) != 1 {
+			t.Fatalf("/admin/endpoints: %v %s", err, b)
+		}
+		return eps["main"][0].Failures
+	}
+	check := func(t *testing.T, status int, body string) {
+		t.Helper()
+		if status != http.StatusRequestTimeout || !strings.Contains(body, `"body_timeout"`) {
+			t.Errorf("a body that stopped: %d %s, want 408 body_timeout", status, body)
+		}
+		if n := endpointFailures(); n != 0 {
+			t.Errorf("the endpoint has %d failures, want none: the client was slow, not the model server", n)
+		}
+		if n := upstreamSaw.Load(); n != 0 {
+			t.Errorf("the model server took %d incomplete uploads whole", n)
+		}
+		if v := metricValue(t, hc, g.admin, "sluice_upstream_errors_total", `error_type="connect"`); v != 0 {
+			t.Errorf("%v connect errors counted", v)
+		}
+	}
+
+	t.Run("http1", func(t *testing.T) {
+		c, err := net.Dial("tcp", g.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=%s\r\nContent-Length: 100000\r\n\r\n%s", boundary, head)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		check(t, resp.StatusCode, string(b))
+	})
+
+	t.Run("http2", func(t *testing.T) {
+		var protos http.Protocols
+		protos.SetUnencryptedHTTP2(true)
+		tr := &http.Transport{Protocols: &protos}
+		defer tr.CloseIdleConnections()
+		pr, pw := io.Pipe()
+		defer pw.Close()
+		go func() { _, _ = io.WriteString(pw, head) }() // then nothing more
+		req, _ := http.NewRequest(http.MethodPost, "http://"+g.addr+"/v1/audio/transcriptions", pr)
+		req.Header.Set("Content-Type", "multipart/form-data; boundary="+boundary)
+		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("protocol %s", resp.Proto)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		check(t, resp.StatusCode, string(b))
+	})
 }

@@ -494,7 +494,7 @@ func TestPolicyRateLimits(t *testing.T) {
 `, s.URL)+tenants)
 		a := newClient(t, g.addr, option.WithAPIKey(keyA))
 		b := newClient(t, g.addr, option.WithAPIKey(keyB))
-		prevReq, prevTok := 5, 100000
+		prevReq := 5
 		for i := range 6 {
 			var resp *http.Response
 			_, err := a.Chat.Completions.New(ctx, userChat(fmt.Sprint("question ", i), 8), option.WithResponseInto(&resp))
@@ -521,13 +521,16 @@ func TestPolicyRateLimits(t *testing.T) {
 			if h.remReq != wantReq {
 				t.Errorf("request %d: remaining requests %d, want %d", i+1, h.remReq, wantReq)
 			}
-			if i < 5 && (h.remTok >= prevTok || h.remReq >= prevReq) {
-				t.Errorf("request %d: remaining %d requests / %d tokens, not below %d / %d", i+1, h.remReq, h.remTok, prevReq, prevTok)
+			// Requests only go down within the minute; tokens refill continuously (100000 a
+			// minute is 1.7 a millisecond) and the previous answer's charge is reconciled, so
+			// they only have to stay below the limit.
+			if i < 5 && (h.remTok >= 100000 || h.remReq >= prevReq) {
+				t.Errorf("request %d: remaining %d requests / %d tokens, not below %d / 100000", i+1, h.remReq, h.remTok, prevReq)
 			}
 			if h.resetReq <= 0 || h.resetReq > 60*time.Second {
 				t.Errorf("request %d: reset-requests %v", i+1, h.resetReq)
 			}
-			prevReq, prevTok = h.remReq, h.remTok
+			prevReq = h.remReq
 		}
 		// The other tenant's budget is its own.
 		var resp *http.Response

@@ -329,8 +329,8 @@ func routeResource(r config.Route) (*routev3.Route, error) {
 			}},
 		}}
 		rp.Mirror = &xds.MirrorPolicy{
-			Model: m.Model, ReplicaFraction: m.ReplicaFraction, MaxQueue: m.MaxQueue, MaxConcurrency: m.MaxConcurrency,
-			CaptureBytes: m.CaptureBytes, Timeout: m.Timeout, StripHeaders: m.StripHeaders, SetHeaders: m.SetHeaders, Progression: m.Progression,
+			Model: m.Model, Baseline: m.Baseline, ReplicaFraction: m.ReplicaFraction, AbnormalFinish: m.AbnormalFinish,
+			MaxQueue: m.MaxQueue, MaxConcurrency: m.MaxConcurrency, CaptureBytes: m.CaptureBytes, CaptureTotal: m.CaptureTotal, Timeout: m.Timeout, StripHeaders: m.StripHeaders, SetHeaders: m.SetHeaders, Progression: m.Progression,
 		}
 	}
 	out.Action = &routev3.Route_Route{Route: act}

@@ -84,8 +84,10 @@ routes:
       fraction: 0.1
       model: cand-model
       replica_fraction: 0.25
+      abnormal_finish: [content_filter, missing]
       max_queue: 16
       capture_bytes: 64KiB
+      capture_total: 32MiB
       timeout: 30s
       strip_headers: [x-user]
       set_headers: {x-shadow: "1"}
