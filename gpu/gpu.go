@@ -7,8 +7,8 @@ import (
 )
 
 // ErrUnavailable means that no GPU information can be had on this host: no NVIDIA driver, no
-// device, or a build without cgo. It is never fatal; errors that wrap it say why.
-var ErrUnavailable = errors.New("gpu: no NVIDIA GPU / driver available")
+// device, or a build without NVML (the default). It is never fatal; errors that wrap it say why.
+var ErrUnavailable = errors.New("gpu: NVML unavailable")
 
 // Device is one local GPU as NVML reports it. A field NVML could not read is zero.
 type Device struct {

@@ -198,12 +198,31 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
+	breaker, err := m.Int64ObservableGauge("sluice.route.breaker.state",
+		metric.WithDescription("State of a route's circuit breaker for one cluster: 0 closed, 1 half-open, 2 open"))
+	if err != nil {
+		return nil, err
+	}
+	tenantsOpen, err := m.Int64ObservableGauge("sluice.guard.breakers.open",
+		metric.WithDescription("Tenant breakers of the route's guard that are open now"))
+	if err != nil {
+		return nil, err
+	}
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := s.state.Load()
 		for i, rtr := range st.routers {
 			ra := attribute.String("route", st.snap.Routes[i].Name)
 			for _, kind := range []string{route.KindRetry, route.KindFallback} {
 				o.ObserveInt64(exhausted, rtr.Budgets().Exhausted(kind), metric.WithAttributes(ra, attribute.String("kind", kind)))
+			}
+			// One series per cluster the route may send to (its breakers are created for
+			// the configured clusters only): bounded by the config.
+			for _, b := range rtr.Breakers().Snapshot() {
+				state, ok := breakerStates[b.State]
+				if !ok {
+					continue // disabled
+				}
+				o.ObserveInt64(breaker, state, metric.WithAttributes(ra, attribute.String("cluster", b.Cluster)))
 			}
 		}
 		for _, c := range st.concurrencyLimiters() {
@@ -218,7 +237,15 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 		}
 		for _, g := range st.guards() {
 			gs := g.Stats()
-			route := attribute.String("route", g.Snapshot().Route)
+			snap := g.Snapshot()
+			route := attribute.String("route", snap.Route)
+			var open int64
+			for _, b := range snap.Breakers {
+				if b.State == "open" {
+					open++
+				}
+			}
+			o.ObserveInt64(tenantsOpen, open, metric.WithAttributes(route))
 			o.ObserveInt64(level, int64(gs.Level), metric.WithAttributes(route))
 			o.ObserveInt64(trips, int64(gs.Trips), metric.WithAttributes(route))
 			o.ObserveInt64(exact, int64(gs.ExactCounts), metric.WithAttributes(route))
@@ -235,8 +262,11 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			}
 		}
 		return nil
-	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej, exhausted)
+	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej, exhausted, breaker, tenantsOpen)
 }
+
+// breakerStates are the values of sluice_route_breaker_state by gobreaker state name.
+var breakerStates = map[string]int64{"closed": 0, "half-open": 1, "open": 2}
 
 func sortedKeys(m map[string]uint64) []string {
 	out := make([]string, 0, len(m))

@@ -47,6 +47,9 @@ type Bootstrap struct {
 	// `sluice serve` when empty). A control plane cannot move them.
 	Listen string `yaml:"listen" json:"listen,omitempty"`
 	Admin  string `yaml:"admin" json:"admin,omitempty"`
+	// MetricsTokenEnv is the file config's admin.metrics_token_env: the environment variable
+	// with the bearer token /metrics then requires.
+	MetricsTokenEnv string `yaml:"metrics_token_env" json:"metrics_token_env,omitempty"`
 	// LoadSignals and ShadowStore are the replica's own settings that a control plane cannot
 	// change (they need a restart): the file config's load_signals and shadow.store.
 	LoadSignals config.LoadSignals `yaml:"load_signals" json:"load_signals"`

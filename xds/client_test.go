@@ -1060,6 +1060,7 @@ sotw: true
 persist: last-good.json
 listen: 127.0.0.1:8080
 admin: 127.0.0.1:9090
+metrics_token_env: SCRAPE_TOKEN
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -1070,7 +1071,7 @@ admin: 127.0.0.1:9090
 	want := xds.Bootstrap{NodeID: "edge-1", Cluster: "edge", Server: "cp.internal:18000",
 		TLS:         xds.BootstrapTLS{CAFile: ca, ServerName: "cp.internal"},
 		RouteConfig: "sluice", Delta: false, PersistPath: filepath.Join(dir, "last-good.json"),
-		Listen: "127.0.0.1:8080", Admin: "127.0.0.1:9090"}
+		Listen: "127.0.0.1:8080", Admin: "127.0.0.1:9090", MetricsTokenEnv: "SCRAPE_TOKEN"}
 	if b != want {
 		t.Errorf("bootstrap = %+v\nwant        %+v", b, want)
 	}

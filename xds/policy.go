@@ -251,8 +251,9 @@ func NewTypedStruct(typeURL string, v any) (*anypb.Any, error) {
 	return a, nil
 }
 
-// decodeTypedStruct unpacks an Any holding an xds.type.v3.TypedStruct (or an
-// udpa.type.v1.TypedStruct, same shape) and decodes its value strictly into v.
+// decodeTypedStruct unpacks an Any holding an xds.type.v3.TypedStruct (only that type: an
+// udpa.type.v1.TypedStruct, the same shape under an older name, is refused) and decodes its
+// value strictly into v.
 func decodeTypedStruct(a *anypb.Any, v any) error {
 	if a == nil {
 		return nil

@@ -45,9 +45,10 @@ type TranslateOptions struct {
 	Listen string
 	// TLS is the listener's certificate and key (config.Config.TLS).
 	TLS config.ListenerTLS
-	// AdminListen and AdminTokenEnv are config.Config.Admin's.
-	AdminListen   string
-	AdminTokenEnv string
+	// AdminListen, AdminTokenEnv and AdminMetricsTokenEnv are config.Config.Admin's.
+	AdminListen          string
+	AdminTokenEnv        string
+	AdminMetricsTokenEnv string
 	// RouteConfig names the RouteConfiguration (RDS) whose routes the gateway serves. Empty:
 	// the only one received (a problem when there are several).
 	RouteConfig string
@@ -64,7 +65,7 @@ type TranslateOptions struct {
 func InitialConfig(opts TranslateOptions) (*config.Config, error) {
 	c := &config.Config{
 		Listen: opts.Listen, TLS: opts.TLS,
-		Admin:   config.Admin{Listen: opts.AdminListen, TokenEnv: opts.AdminTokenEnv},
+		Admin:   config.Admin{Listen: opts.AdminListen, TokenEnv: opts.AdminTokenEnv, MetricsTokenEnv: opts.AdminMetricsTokenEnv},
 		Dynamic: true, Source: Source, Version: "bootstrap",
 	}
 	local(c, opts)
@@ -93,7 +94,7 @@ func Translate(res Resources, opts TranslateOptions) (*config.Config, error) {
 	t := &translator{clusterCaps: map[string]clusterCap{}}
 	c := &config.Config{
 		Listen: opts.Listen, TLS: opts.TLS,
-		Admin:   config.Admin{Listen: opts.AdminListen, TokenEnv: opts.AdminTokenEnv},
+		Admin:   config.Admin{Listen: opts.AdminListen, TokenEnv: opts.AdminTokenEnv, MetricsTokenEnv: opts.AdminMetricsTokenEnv},
 		Dynamic: true, Source: Source,
 	}
 	t.global(c, res.Policy)

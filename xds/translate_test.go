@@ -770,3 +770,29 @@ func TestTranslateEnvoyZeroes(t *testing.T) {
 		t.Errorf("timeouts %+v, mirror %+v", rt.Timeouts, rt.Mirror)
 	}
 }
+
+// TestTranslateKeepsAdmin: the replica's own admin settings (listen, token, scrape token) are
+// in the initial config and in every translated one; the control plane cannot move them.
+func TestTranslateKeepsAdmin(t *testing.T) {
+	t.Setenv("XDS_TEST_SCRAPE_TOKEN", "s")
+	opts := testOpts
+	opts.AdminMetricsTokenEnv = "XDS_TEST_SCRAPE_TOKEN"
+	ini, err := InitialConfig(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Translate(Resources{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, got := range map[string]config.Admin{"initial": ini.Admin, "translated": c.Admin} {
+		if got.MetricsTokenEnv != "XDS_TEST_SCRAPE_TOKEN" || got.Listen != opts.AdminListen {
+			t.Errorf("%s config's admin = %+v", name, got)
+		}
+	}
+	// The variable must be set, as for a file config.
+	t.Setenv("XDS_TEST_SCRAPE_TOKEN", "")
+	if _, err := InitialConfig(opts); err == nil || !strings.Contains(err.Error(), "admin.metrics_token_env") {
+		t.Errorf("InitialConfig with the scrape token unset: %v", err)
+	}
+}

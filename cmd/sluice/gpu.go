@@ -118,7 +118,7 @@ Flags:
 func printGPUReport(w io.Writer, rep *gpuReport) {
 	switch {
 	case !rep.NVML.Available:
-		fmt.Fprintf(w, "no NVIDIA GPU / driver: %s\n", strings.TrimPrefix(rep.NVML.Error, gpu.ErrUnavailable.Error()+": "))
+		fmt.Fprintf(w, "NVML unavailable: %s\n", strings.TrimPrefix(rep.NVML.Error, gpu.ErrUnavailable.Error()+": "))
 	case rep.NVML.Error != "":
 		fmt.Fprintf(w, "nvml: %s\n", rep.NVML.Error)
 	case len(rep.NVML.Devices) == 0:

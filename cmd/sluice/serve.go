@@ -21,7 +21,16 @@ import (
 	"github.com/sluicegw/sluice/xds"
 )
 
-func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+// serveFlags are the flags of `sluice serve`, set by parsing its flag set.
+type serveFlags struct {
+	file, listen, admin, hcPath, logLevel, logFormat, xdsAddr, bootFile, nodeID, xdsPers *string
+	chaos, xdsSotW                                                                       *bool
+	upstreams                                                                            *stringList
+}
+
+// newServeFlags is the flag set of `sluice serve` (also parsed by the deploy tests, which check
+// that the manifests' containers pass flags it has).
+func newServeFlags(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -31,6 +40,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		admin     = fs.String("admin", config.DefaultAdminListen, "admin listen address: /healthz, /readyz, /metrics, /admin/* (with --upstream)")
 		hcPath    = fs.String("health-path", "", "health-check path of the --upstream endpoints (default: /health, and /v1/models for servers without it)")
 		logLevel  = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		logFormat = fs.String("log-format", "text", "log format: text (key=value) or json (one object a line)")
 		chaos     = fs.Bool("chaos", false, "turn built-in fault injection on (faults from the config, PUT /admin/faults, or the x-sluice-fault header with the admin token)")
 		xdsAddr   = fs.String("xds", "", "follow an xDS control plane at host:port (ADS, delta xDS): clusters, endpoints, routes and policy come from it")
 		bootFile  = fs.String("bootstrap", "", "xDS bootstrap file (YAML or JSON: node_id, cluster, server, tls, route_config, sotw, persist, listen, admin); flags given as well override it")
@@ -38,6 +48,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		xdsSotW   = fs.Bool("xds-sotw", false, "use state-of-the-world xDS (StreamAggregatedResources) instead of delta xDS")
 		xdsPers   = fs.String("xds-persist", "", "file keeping the last good xDS config; served from when the control plane is unreachable at start")
 	)
+	f := &serveFlags{file: file, upstreams: &upstreams, listen: listen, admin: admin, hcPath: hcPath, logLevel: logLevel, logFormat: logFormat, chaos: chaos,
+		xdsAddr: xdsAddr, bootFile: bootFile, nodeID: nodeID, xdsSotW: xdsSotW, xdsPers: xdsPers}
 	fs.Var(&upstreams, "upstream", "model server base URL, e.g. http://127.0.0.1:8000 (repeat for several endpoints of one cluster)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice serve --config FILE
@@ -56,13 +68,21 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
+	return fs, f
+}
+
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs, f := newServeFlags(stderr)
+	file, listen, admin, hcPath, logLevel, chaos := f.file, f.listen, f.admin, f.hcPath, f.logLevel, f.chaos
+	xdsAddr, bootFile, nodeID, xdsSotW, xdsPers := f.xdsAddr, f.bootFile, f.nodeID, f.xdsSotW, f.xdsPers
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (see --help)", fs.Args())
 	}
-	log, err := newLogger(stderr, *logLevel)
+	upstreams := *f.upstreams
+	log, err := newLogger(stderr, *logLevel, *f.logFormat)
 	if err != nil {
 		return err
 	}
@@ -169,7 +189,7 @@ func xdsBootstrap(file string, set map[string]bool, f xdsFlags) (xds.Bootstrap, 
 // serveXDS runs the gateway on the config an xDS control plane sends: it starts on an empty
 // config (not ready), and the ADS client applies every good config the control plane pushes.
 func serveXDS(ctx context.Context, boot xds.Bootstrap, log *slog.Logger, chaos bool) error {
-	topts := xds.TranslateOptions{Listen: boot.Listen, TLS: boot.ListenTLS, AdminListen: boot.Admin, RouteConfig: boot.RouteConfig,
+	topts := xds.TranslateOptions{Listen: boot.Listen, TLS: boot.ListenTLS, AdminListen: boot.Admin, AdminMetricsTokenEnv: boot.MetricsTokenEnv, RouteConfig: boot.RouteConfig,
 		LoadSignals: boot.LoadSignals, Chaos: chaos, ShadowStore: boot.ShadowStore}
 	cfg, err := xds.InitialConfig(topts)
 	if err != nil {

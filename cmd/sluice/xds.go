@@ -13,8 +13,15 @@ import (
 	xdsserver "github.com/sluicegw/sluice/xds/server"
 )
 
-// runXDS is `sluice xds`: a small control plane serving a config file over xDS.
-func runXDS(ctx context.Context, args []string, _, stderr io.Writer) error {
+// xdsServerFlags are the flags of `sluice xds`, set by parsing its flag set.
+type xdsServerFlags struct {
+	file, listen, routeConfig, logLevel, logFormat *string
+	watch                                          *time.Duration
+}
+
+// newXDSFlags is the flag set of `sluice xds` (also parsed by the deploy tests, which check
+// that the manifests' containers pass flags it has).
+func newXDSFlags(stderr io.Writer) (*flag.FlagSet, *xdsServerFlags) {
 	fs := flag.NewFlagSet("xds", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	file := fs.String("config", "", "the Sluice YAML config to serve (required)")
@@ -22,6 +29,7 @@ func runXDS(ctx context.Context, args []string, _, stderr io.Writer) error {
 	routeConfig := fs.String("route-config", xdsserver.DefaultRouteConfig, "name of the RouteConfiguration served (the replicas' bootstrap route_config)")
 	watch := fs.Duration("watch", xdsserver.DefaultWatchInterval, "how often the config file is checked for changes")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "text (key=value) or json (one object a line)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice xds --config FILE [--listen 127.0.0.1:18000] [--route-config NAME]
 
@@ -34,6 +42,13 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
+	return fs, &xdsServerFlags{file: file, listen: listen, routeConfig: routeConfig, logLevel: logLevel, logFormat: logFormat, watch: watch}
+}
+
+// runXDS is `sluice xds`: a small control plane serving a config file over xDS.
+func runXDS(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs, f := newXDSFlags(stderr)
+	file, listen, routeConfig, watch, logLevel := f.file, f.listen, f.routeConfig, f.watch, f.logLevel
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -46,7 +61,7 @@ Flags:
 	if *watch <= 0 {
 		*watch = time.Second
 	}
-	log, err := newLogger(stderr, *logLevel)
+	log, err := newLogger(stderr, *logLevel, *f.logFormat)
 	if err != nil {
 		return err
 	}

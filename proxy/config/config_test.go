@@ -274,9 +274,10 @@ func TestExampleConfigIsValid(t *testing.T) {
 	}
 }
 
-// TestReadmeDocumentsEveryKey keeps the README's config reference and the structs in step.
+// TestReadmeDocumentsEveryKey keeps the config reference (docs/config.md) and the structs in
+// step.
 func TestReadmeDocumentsEveryKey(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/config.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +286,7 @@ func TestReadmeDocumentsEveryKey(t *testing.T) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !strings.Contains(string(readme), "`"+k+"`") {
-			t.Errorf("README config reference lacks `%s`", k)
+			t.Errorf("docs/config.md lacks `%s`", k)
 		}
 	}
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
-// Defaults applied by Load. Every one is listed in the README's config reference.
+// Defaults applied by Load. Every one is listed in the config reference, docs/config.md.
 const (
 	DefaultListen        = "127.0.0.1:8080"
 	DefaultAdminListen   = "127.0.0.1:9090"

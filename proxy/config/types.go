@@ -3,7 +3,7 @@
 // (`routes[2].cluster: unknown cluster "x"`). A Config is immutable once loaded: the gateway
 // swaps whole configs atomically and never edits one in place.
 //
-// The config reference in the README is checked against these structs by a test
+// The config reference in docs/config.md is checked against these structs by a test
 // (TestReadmeDocumentsEveryKey), so the two cannot drift.
 package config
 

@@ -234,6 +234,9 @@ func TestPolicyTenantIsolation(t *testing.T) {
 	if st := breakerStates(t, hc, g.admin, "all"); st["team-a"] != "open" || st["team-b"] != "closed" {
 		t.Errorf("/admin/breakers during the burst: %v, want team-a open and team-b closed", st)
 	}
+	if v := metricValue(t, hc, g.admin, "sluice_guard_breakers_open", `route="all"`); v != 1 {
+		t.Errorf("sluice_guard_breakers_open during the burst = %v, want 1 (team-a)", v)
+	}
 	close(stop)
 	wg.Wait()
 	if len(bErrs) > 0 {

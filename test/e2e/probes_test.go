@@ -17,11 +17,16 @@ import (
 func TestReadyClusters(t *testing.T) {
 	model := sim.New(sim.Config{})
 	t.Cleanup(model.Close)
-	var healthy atomic.Bool
+	var healthy, listed atomic.Bool
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" && !healthy.Load() {
 			http.Error(w, "loading", http.StatusServiceUnavailable)
 			return
+		}
+		if r.URL.Path == "/v1/models" && listed.CompareAndSwap(false, true) {
+			// The first model list is slow: the gateway's /v1/models, asked as /readyz
+			// turns 200, waits for the fetch in flight rather than answer an empty list.
+			time.Sleep(300 * time.Millisecond)
 		}
 		model.ServeHTTP(w, r)
 	}))
@@ -63,6 +68,9 @@ routes:
 	healthy.Store(true)
 	if body := await(http.StatusOK); body != "ready" {
 		t.Errorf("/readyz body %q", body)
+	}
+	if resp, body := do(t, hc, http.MethodGet, "http://"+g.addr+"/v1/models", ""); resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"sim-llama"`) {
+		t.Errorf("/v1/models as /readyz turned 200: %d %s", resp.StatusCode, body)
 	}
 	healthy.Store(false)
 	await(http.StatusServiceUnavailable)

@@ -495,9 +495,17 @@ func TestBreaker(t *testing.T) {
 		s, _ := clusterBreaker(t, hc, g.admin, "chat", "primary")
 		return s
 	}
+	// sluice_route_breaker_state says the same: 0 closed, 1 half-open, 2 open.
+	gauge := func(want float64) {
+		t.Helper()
+		if v := metricValue(t, hc, g.admin, "sluice_route_breaker_state", `route="chat"`, `cluster="primary"`); v != want {
+			t.Errorf("sluice_route_breaker_state{cluster=\"primary\"} = %v, want %v", v, want)
+		}
+	}
 	if s := state(); s != "closed" {
 		t.Fatalf("primary breaker starts %q", s)
 	}
+	gauge(0)
 	if s, _ := clusterBreaker(t, hc, g.admin, "chat", "backup"); s != "closed" {
 		t.Fatalf("backup breaker starts %q", s)
 	}
@@ -511,6 +519,7 @@ func TestBreaker(t *testing.T) {
 	if s, trips := clusterBreaker(t, hc, g.admin, "chat", "primary"); s != "open" || trips != 1 {
 		t.Fatalf("after 5 failures the primary breaker is %q (trips %d), want open (1)", s, trips)
 	}
+	gauge(2)
 	if n := primary.requests.Load(); n != 5 {
 		t.Fatalf("primary saw %d requests, want 5", n)
 	}
@@ -525,6 +534,7 @@ func TestBreaker(t *testing.T) {
 
 	// After open_for: half-open; a probe reaches the still-failing primary and reopens it.
 	eventually(t, 5*time.Second, "primary breaker half-open", func() bool { return state() == "half-open" })
+	gauge(1)
 	ask(routed{"backup", 2})
 	if n := primary.requests.Load(); n != 6 {
 		t.Fatalf("primary saw %d requests, want the half-open probe (6)", n)
@@ -542,6 +552,7 @@ func TestBreaker(t *testing.T) {
 	if s := state(); s != "closed" {
 		t.Fatalf("after 3 successful probes the primary breaker is %q, want closed", s)
 	}
+	gauge(0)
 	before := backup.requests.Load()
 	for range 10 {
 		ask(routed{"primary", 1})

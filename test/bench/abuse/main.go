@@ -1,5 +1,5 @@
 // Command abuse measures what hostile clients and misbehaving upstreams can take of a Sluice
-// gateway: the figures of the README's "Clients and hostile input" section. It builds the
+// gateway: the figures of "Clients and hostile input" in docs/running.md. It builds the
 // sluice binary, runs `sluice mock` and `sluice serve` as child processes on 127.0.0.1 (so
 // that the gateway's memory, goroutines and descriptors are its own, read from its /metrics),
 // a small misbehaving upstream in this process, and one probe after another:
@@ -12,7 +12,7 @@
 //   - large answers: concurrent non-streaming answers of 100 MiB;
 //   - a connection flood from one address past the per-client bound.
 //
-// It prints one markdown table. See the README's section for a run.
+// It prints one markdown table. See that section for a run.
 //
 //	go run ./test/bench/abuse [--conns 2000] [--readers 500] [--names 2000] [--answers 20]
 package main
