@@ -317,41 +317,9 @@ func (f *fault) acquire() bool {
 	}
 }
 
-// glob matches name against pattern ("" matches anything): '*' matches any run of
-// characters ('/' included), '?' one byte; ASCII letters match regardless of case. It does
-// not allocate.
+// glob matches name against a chaos filter's pattern (policy.Glob), "" matching anything.
 func glob(pattern, name string) bool {
-	if pattern == "" || pattern == "*" {
-		return true
-	}
-	p, n := 0, 0
-	starP, starN := -1, 0
-	for n < len(name) {
-		switch {
-		case p < len(pattern) && pattern[p] == '*':
-			starP, starN = p, n
-			p++
-		case p < len(pattern) && (pattern[p] == '?' || lower(pattern[p]) == lower(name[n])):
-			p++
-			n++
-		case starP >= 0:
-			starN++
-			p, n = starP+1, starN
-		default:
-			return false
-		}
-	}
-	for p < len(pattern) && pattern[p] == '*' {
-		p++
-	}
-	return p == len(pattern)
-}
-
-func lower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
+	return pattern == "" || policy.Glob(pattern, name)
 }
 
 // sleepCtx waits d, or until ctx ends (then it returns ctx's cause).

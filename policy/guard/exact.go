@@ -6,6 +6,8 @@ import (
 
 	"github.com/pkoukk/tiktoken-go"
 	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
+
+	"github.com/sluicegw/sluice/policy"
 )
 
 // Exact token counts with tiktoken.
@@ -80,45 +82,11 @@ type pattern[T any] struct {
 func lookup[T any](ps []pattern[T], name string) (v T, ok bool) {
 	best := -1
 	for _, p := range ps {
-		if len(p.glob) > best && globMatch(p.glob, name) {
+		if len(p.glob) > best && policy.Glob(p.glob, name) {
 			v, ok, best = p.v, true, len(p.glob)
 		}
 	}
 	return v, ok
-}
-
-func lower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}
-
-// globMatch matches name against glob (see pattern), iteratively with backtracking to the
-// last star, so it is linear in practice and never recursive.
-func globMatch(glob, name string) bool {
-	gi, ni := 0, 0
-	star, mark := -1, 0
-	for ni < len(name) {
-		switch {
-		case gi < len(glob) && glob[gi] == '*':
-			star, mark = gi, ni
-			gi++
-		case gi < len(glob) && (glob[gi] == '?' || lower(glob[gi]) == lower(name[ni])):
-			gi++
-			ni++
-		case star >= 0:
-			gi = star + 1
-			mark++
-			ni = mark
-		default:
-			return false
-		}
-	}
-	for gi < len(glob) && glob[gi] == '*' {
-		gi++
-	}
-	return gi == len(glob)
 }
 
 // exactCount counts the prompt's tokens with the encoder: every text piece encoded as the

@@ -425,21 +425,6 @@ func TestExtractText(t *testing.T) {
 	}
 }
 
-func TestGlob(t *testing.T) {
-	for _, tc := range []struct {
-		glob, name string
-		want       bool
-	}{
-		{"*", "", true}, {"gpt-4o*", "gpt-4o-mini", true}, {"gpt-4o*", "GPT-4O", true}, {"gpt-4o*", "gpt-4", false},
-		{"*llama-3.1*", "meta-llama/Llama-3.1-8B", true}, {"a?c", "abc", true}, {"a?c", "ac", false},
-		{"a*b*c", "axxbyyc", true}, {"a*b*c", "axxbyy", false}, {"gpt-4", "gpt-4-32k", false},
-	} {
-		if got := globMatch(tc.glob, tc.name); got != tc.want {
-			t.Errorf("globMatch(%q, %q) = %v", tc.glob, tc.name, got)
-		}
-	}
-}
-
 func TestEncoderConcurrent(t *testing.T) {
 	tk, err := encoder("cl100k_base")
 	if err != nil {
