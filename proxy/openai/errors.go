@@ -57,20 +57,20 @@ func (e *Error) appendBody(b []byte) []byte {
 // appendObject appends the error object: {"message":...,"type":...,"param":...,"code":...}.
 func (e *Error) appendObject(b []byte) []byte {
 	b = append(b, `{"message":`...)
-	b = appendQuoted(b, e.Message)
+	b = AppendString(b, e.Message)
 	b = append(b, `,"type":`...)
-	b = appendQuoted(b, e.Type)
+	b = AppendString(b, e.Type)
 	b = append(b, `,"param":`...)
 	if e.Param == "" {
 		b = append(b, "null"...)
 	} else {
-		b = appendQuoted(b, e.Param)
+		b = AppendString(b, e.Param)
 	}
 	b = append(b, `,"code":`...)
 	if e.Code == "" {
 		b = append(b, "null"...)
 	} else {
-		b = appendQuoted(b, e.Code)
+		b = AppendString(b, e.Code)
 	}
 	return append(b, '}')
 }
@@ -106,19 +106,19 @@ func (e *Error) ResponsesSSE(seq int) []byte {
 	b = append(b, "event: error\ndata: {\"type\":\"error\",\"code\":"...)
 	switch {
 	case e.Code != "":
-		b = appendQuoted(b, e.Code)
+		b = AppendString(b, e.Code)
 	case e.Type != "":
-		b = appendQuoted(b, e.Type)
+		b = AppendString(b, e.Type)
 	default:
 		b = append(b, `"server_error"`...)
 	}
 	b = append(b, `,"message":`...)
-	b = appendQuoted(b, e.Message)
+	b = AppendString(b, e.Message)
 	b = append(b, `,"param":`...)
 	if e.Param == "" {
 		b = append(b, "null"...)
 	} else {
-		b = appendQuoted(b, e.Param)
+		b = AppendString(b, e.Param)
 	}
 	b = append(b, `,"sequence_number":`...)
 	b = strconv.AppendInt(b, int64(max(seq, 0)), 10)

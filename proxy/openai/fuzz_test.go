@@ -450,3 +450,25 @@ func FuzzTextDepth(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAppendString: whatever the bytes, AppendString appends a JSON string that encoding/json
+// reads back as the input, invalid UTF-8 replaced.
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain", "q\"b\\s/", "\x00\x1f\x7f", "é😀", "bad\xffutf8\xc3", "\u2028\u2029", "<&>"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := AppendString([]byte("x"), s)
+		if out[0] != 'x' {
+			t.Fatalf("AppendString overwrote dst: %q", out)
+		}
+		var back string
+		if err := json.Unmarshal(out[1:], &back); err != nil {
+			t.Fatalf("%q: %s is not a JSON string: %v", s, out[1:], err)
+		}
+		// Each byte of invalid UTF-8 becomes one U+FFFD, as ranging over the string reads it.
+		if want := strings.Map(func(r rune) rune { return r }, s); back != want {
+			t.Errorf("%q: read back as %q, want %q", s, back, want)
+		}
+	})
+}

@@ -1013,9 +1013,9 @@ func TestError(t *testing.T) {
 	}
 }
 
-func TestAppendQuotedMatchesEncodingJSON(t *testing.T) {
+func TestAppendStringMatchesEncodingJSON(t *testing.T) {
 	for _, s := range []string{"", "plain", "q\"b\\s/", "\x00\x01\x1f\x7f", "é😀", "bad\xffutf8\xc3", "\u2028\u2029", "<&>"} {
-		got := appendQuoted(nil, s)
+		got := AppendString(nil, s)
 		var back string
 		if err := json.Unmarshal(got, &back); err != nil {
 			t.Fatalf("%q: %s is not JSON: %v", s, got, err)

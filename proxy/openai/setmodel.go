@@ -9,7 +9,7 @@ package openai
 // error is a 400 *Error with code "invalid_json" if body is not a JSON object.
 func SetModel(body []byte, model string) ([]byte, error) {
 	var qb [128]byte
-	return SetField(body, "model", appendQuoted(qb[:0], model))
+	return SetField(body, "model", AppendString(qb[:0], model))
 }
 
 // SetField is SetModel for any top-level key: it sets key to value (raw JSON, e.g. `512` or
@@ -57,7 +57,7 @@ func SetField(body []byte, key string, value []byte) ([]byte, error) {
 	if len(spans) == 0 {
 		out := make([]byte, 0, len(body)+len(key)+4+len(q))
 		out = append(out, body[:open+1]...)
-		out = appendQuoted(out, key)
+		out = AppendString(out, key)
 		out = append(out, ':')
 		out = append(out, q...)
 		if !empty {

@@ -4,7 +4,8 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"unicode/utf8"
+
+	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // Responses are encoded by hand into pooled buffers: the fast path serves thousands of
@@ -23,56 +24,6 @@ func putBuf(b *[]byte) {
 }
 
 const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string literal. Invalid UTF-8 becomes U+FFFD, like
-// encoding/json.
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
-}
 
 func appendUsage(b []byte, prompt, completion int, withCompletion bool) []byte {
 	b = append(b, `{"prompt_tokens":`...)
@@ -102,14 +53,14 @@ func badRequest(code, param, msg string) *apiError {
 
 func (e *apiError) appendJSON(b []byte) []byte {
 	b = append(b, `{"error":{"message":`...)
-	b = appendJSONString(b, e.message)
+	b = openai.AppendString(b, e.message)
 	b = append(b, `,"type":`...)
-	b = appendJSONString(b, e.typ)
+	b = openai.AppendString(b, e.typ)
 	b = append(b, `,"param":`...)
 	if e.param == "" {
 		b = append(b, "null"...)
 	} else {
-		b = appendJSONString(b, e.param)
+		b = openai.AppendString(b, e.param)
 	}
 	b = append(b, `,"code":`...)
 	if e.numCode {
@@ -117,7 +68,7 @@ func (e *apiError) appendJSON(b []byte) []byte {
 	} else if e.code == "" {
 		b = append(b, "null"...)
 	} else {
-		b = appendJSONString(b, e.code)
+		b = openai.AppendString(b, e.code)
 	}
 	return append(b, "}}"...)
 }

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // appendID appends a fresh response id: prefix + 16 hex digits.
@@ -78,9 +80,9 @@ func (s *Server) appendCompletion(b []byte, p *plan, created int64) []byte {
 			b = append(b, `,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"`...)
 			b = append(b, c.tool.id...)
 			b = append(b, `","type":"function","function":{"name":`...)
-			b = appendJSONString(b, c.tool.name)
+			b = openai.AppendString(b, c.tool.name)
 			b = append(b, `,"arguments":`...)
-			b = appendJSONString(b, c.tool.emittedArgs())
+			b = openai.AppendString(b, c.tool.emittedArgs())
 			b = append(b, `}}]}`...)
 		case chat:
 			b = append(b, `,"message":{"role":"assistant","content":"`...)
@@ -254,7 +256,7 @@ func (st *streamer) sendError() error {
 	if st.p.ep == epResponses {
 		b = st.revent("error")
 		b = append(b, `,"code":"server_error","message":`...)
-		b = appendJSONString(b, engineErrorMessage(st.events))
+		b = openai.AppendString(b, engineErrorMessage(st.events))
 		b = append(b, `,"param":null}`+"\n\n"...)
 	} else {
 		if st.kn.errorEvent {
@@ -323,7 +325,7 @@ func (st *streamer) emit(i, avail int, done bool) error {
 				b = append(b, `,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"`...)
 				b = append(b, c.tool.id...)
 				b = append(b, `","type":"function","function":{"name":`...)
-				b = appendJSONString(b, c.tool.name)
+				b = openai.AppendString(b, c.tool.name)
 				b = append(b, `,"arguments":""}}]}`...)
 				c.emitted = 1
 				if err := st.end(b, ""); err != nil {
@@ -348,7 +350,7 @@ func (st *streamer) emit(i, avail int, done bool) error {
 		switch {
 		case c.tool != nil:
 			b = append(b, `,"delta":{"tool_calls":[{"index":0,"function":{"arguments":`...)
-			b = appendJSONString(b, c.tool.fragment(from, to))
+			b = openai.AppendString(b, c.tool.fragment(from, to))
 			b = append(b, `}}]}`...)
 		case chat:
 			b = append(b, `,"delta":{"content":"`...)

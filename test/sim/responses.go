@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // The OpenAI Responses API (POST /v1/responses) as vLLM serves it. A request is turned into
@@ -325,7 +327,7 @@ func responsesEcho(req *responsesRequest) ([]byte, *apiError) {
 			b.WriteString("null")
 			return
 		}
-		b.Write(appendJSONString(nil, *v))
+		b.Write(openai.AppendString(nil, *v))
 	}
 	num := func(key string, v *float64, def string) {
 		b.WriteString(`,"` + key + `":`)
@@ -512,10 +514,10 @@ func (rp *respPlan) appendItem(b []byte, c *choice, done bool) []byte {
 		b = append(b, `","call_id":"`...)
 		b = append(b, c.tool.id...)
 		b = append(b, `","name":`...)
-		b = appendJSONString(b, c.tool.name)
+		b = openai.AppendString(b, c.tool.name)
 		b = append(b, `,"arguments":`...)
 		if done {
-			b = appendJSONString(b, c.tool.emittedArgs())
+			b = openai.AppendString(b, c.tool.emittedArgs())
 		} else {
 			b = append(b, `""`...)
 		}
@@ -653,7 +655,7 @@ func (st *streamer) emitResponses(avail int, done bool) error {
 		var b []byte
 		if c.tool != nil {
 			b = append(st.ritem("response.function_call_arguments.delta"), `,"delta":`...)
-			b = appendJSONString(b, c.tool.fragment(from, to))
+			b = openai.AppendString(b, c.tool.fragment(from, to))
 		} else {
 			b = append(st.ritem("response.output_text.delta"), `,"content_index":0,"delta":"`...)
 			b = c.appendTokens(b, from, to)
@@ -676,7 +678,7 @@ func (st *streamer) emitResponses(avail int, done bool) error {
 	}
 	if c.tool != nil {
 		b := append(st.ritem("response.function_call_arguments.done"), `,"arguments":`...)
-		b = appendJSONString(b, c.tool.emittedArgs())
+		b = openai.AppendString(b, c.tool.emittedArgs())
 		if err := st.rsend(b); err != nil {
 			return err
 		}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // Server is the simulated model server. It is an http.Handler; create it with New and stop
@@ -62,7 +64,7 @@ func New(cfg Config) *Server {
 	s := &Server{
 		cfg:       cfg,
 		fast:      cfg.fastPath(),
-		modelJSON: appendJSONString(nil, cfg.Model),
+		modelJSON: openai.AppendString(nil, cfg.Model),
 		created:   now.Unix(),
 		idBase:    mix64(uint64(now.UnixNano())),
 		rng:       rand.New(rand.NewPCG(uint64(cfg.Seed), 0x51a1ce)),
