@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/clock"
 )
 
 // Fake is a Source and a Loads for tests: loads and devices are set by hand.
@@ -15,7 +15,7 @@ type Fake struct {
 	// Staleness, when positive, makes Get report false for loads whose At is older than this
 	// (by Clock, default the system clock). Zero: loads never go stale.
 	Staleness time.Duration
-	Clock     policy.Clock
+	Clock     clock.Clock
 
 	mu      sync.RWMutex
 	loads   map[string]Load

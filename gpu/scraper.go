@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/clock"
 )
 
 // Scraper defaults.
@@ -40,7 +40,7 @@ type Scraper struct {
 	Names     Names         // metric names (default VLLM)
 	MaxBody   int64         // bytes read of a metrics page at most (default 8 MiB)
 	Client    *http.Client  // default: a private client without proxy, keep-alives on
-	Clock     policy.Clock  // stamps Load.At and judges freshness (default the system clock)
+	Clock     clock.Clock   // stamps Load.At and judges freshness (default the system clock)
 	Devices   Source        // local devices shown by Snapshot; nil for none
 
 	eps atomic.Pointer[map[string]*endpoint] // endpoint URL → state, replaced whole by Set

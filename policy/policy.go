@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sluicegw/sluice/policy/clock"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
@@ -116,16 +117,11 @@ type Outcome struct {
 }
 
 // Clock is the one time source of policies, injected so that breakers, limiters and batchers
-// are tested without sleeping.
-type Clock interface {
-	Now() time.Time
-}
+// are tested without sleeping (package clock, a leaf).
+type Clock = clock.Clock
 
 // SystemClock is the real clock.
-type SystemClock struct{}
-
-// Now returns time.Now().
-func (SystemClock) Now() time.Time { return time.Now() }
+type SystemClock = clock.System
 
 // Observer learns from finished requests. Observe must not block.
 type Observer interface {
