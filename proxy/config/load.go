@@ -339,8 +339,28 @@ func (c *Config) applyDefaults() {
 // Validate checks the whole config and returns a *ValidationError listing every problem.
 func (c *Config) Validate() error {
 	var p []string
-	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+	var add problemf = func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
 
+	c.checkListeners(add)
+	c.checkBounds(add)
+	c.checkChaos(add)
+	c.checkLoadSignals(add)
+	clusters := c.checkClusters(add)
+	c.checkReadiness(add)
+	c.checkTenants(add)
+	c.checkRoutes(add, clusters)
+	c.checkShadow(add)
+	if len(p) > 0 {
+		return &ValidationError{Problems: p}
+	}
+	return nil
+}
+
+// problemf records one problem of a config, formatted; the checks below take it.
+type problemf func(format string, args ...any)
+
+// checkListeners checks the listeners: addresses, the admin token, TLS files.
+func (c *Config) checkListeners(add problemf) {
 	if err := checkHostPort(c.Listen); err != nil {
 		add("listen: %v", err)
 	}
@@ -361,6 +381,10 @@ func (c *Config) Validate() error {
 			add("tls.key_file: %v", err)
 		}
 	}
+}
+
+// checkBounds checks the gateway-wide bounds: body and event sizes, drain, time-outs, trusted proxies, limits, CORS.
+func (c *Config) checkBounds(add problemf) {
 	if c.MaxBodyBytes < 1024 {
 		add("max_body_bytes: %d is too small (at least 1024)", c.MaxBodyBytes)
 	}
@@ -406,6 +430,10 @@ func (c *Config) Validate() error {
 			add("cors.allowed_origins[%d]: %q is not an origin (scheme://host[:port], or \"*\")", i, o)
 		}
 	}
+}
+
+// checkChaos checks the chaos block (its faults' own problems, prefixed).
+func (c *Config) checkChaos(add problemf) {
 	if err := c.Chaos.Validate(); err != nil {
 		var fp fault.Problems
 		if errors.As(err, &fp) {
@@ -416,13 +444,20 @@ func (c *Config) Validate() error {
 			add("chaos: %v", err)
 		}
 	}
+}
+
+// checkLoadSignals checks load_signals.
+func (c *Config) checkLoadSignals(add problemf) {
 	if _, ok := gpu.Preset(c.LoadSignals.Names); !ok {
 		add("load_signals.names: %q is not vllm, tgi, triton or sglang", c.LoadSignals.Names)
 	}
 	if c.LoadSignals.Interval < 0 || c.LoadSignals.Timeout < 0 || c.LoadSignals.Staleness < 0 {
 		add("load_signals: durations must not be negative")
 	}
+}
 
+// checkClusters checks the clusters, and returns their names.
+func (c *Config) checkClusters(add problemf) map[string]bool {
 	clusters := map[string]bool{}
 	if len(c.Clusters) == 0 && !c.Dynamic {
 		add("clusters: at least one cluster is required")
@@ -512,6 +547,11 @@ func (c *Config) Validate() error {
 			add("%s.picking.affinity_min_prefix: must not be negative", at)
 		}
 	}
+	return clusters
+}
+
+// checkReadiness checks admin.ready_clusters (against the clusters) and the metrics token.
+func (c *Config) checkReadiness(add problemf) {
 	for i, name := range c.Admin.ReadyClusters {
 		at := fmt.Sprintf("admin.ready_clusters[%d]", i)
 		var cl *Cluster
@@ -530,7 +570,10 @@ func (c *Config) Validate() error {
 	if c.Admin.MetricsTokenEnv != "" && !c.Remote && os.Getenv(c.Admin.MetricsTokenEnv) == "" {
 		add("admin.metrics_token_env: %s is not set (or empty)", c.Admin.MetricsTokenEnv)
 	}
+}
 
+// checkTenants checks the tenants.
+func (c *Config) checkTenants(add problemf) {
 	tenants := map[string]bool{}
 	for i, t := range c.Tenants {
 		at := fmt.Sprintf("tenants[%d]", i)
@@ -553,7 +596,10 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+}
 
+// checkRoutes checks the routes, against the clusters' names.
+func (c *Config) checkRoutes(add problemf, clusters map[string]bool) {
 	if len(c.Routes) == 0 && !c.Dynamic {
 		add("routes: at least one route is required")
 	}
@@ -606,6 +652,10 @@ func (c *Config) Validate() error {
 			checkMirror(add, at+".mirror", r, m, clusters)
 		}
 	}
+}
+
+// checkShadow checks the shadow block.
+func (c *Config) checkShadow(add problemf) {
 	if c.Shadow.Interval < 0 {
 		add("shadow.interval: must not be negative")
 	}
@@ -620,13 +670,9 @@ func (c *Config) Validate() error {
 			add("shadow.verdict: %s", strings.TrimPrefix(e, "shadow: "))
 		}
 	}
-	if len(p) > 0 {
-		return &ValidationError{Problems: p}
-	}
-	return nil
 }
 
-func checkMirror(add func(string, ...any), at string, r Route, m *Mirror, clusters map[string]bool) {
+func checkMirror(add problemf, at string, r Route, m *Mirror, clusters map[string]bool) {
 	switch {
 	case m.Cluster == "":
 		add("%s.cluster: required", at)
@@ -730,7 +776,7 @@ func hasWeightedSplit(r Route) bool {
 	return false
 }
 
-func checkTimeouts(add func(string, ...any), at string, t Timeouts) {
+func checkTimeouts(add problemf, at string, t Timeouts) {
 	for _, f := range []struct {
 		name string
 		v    Duration
