@@ -175,9 +175,7 @@ func New(opts Options) (*Server, error) {
 		s.devices, _ = gpu.NewNVML()
 		s.scraper.Devices = s.devices
 	}
-	if opts.Chaos {
-		opts.Config.Chaos.Enabled = true
-	}
+	opts.Config = opts.served(opts.Config)
 	chaos, err := fault.New(opts.Config.Chaos, policy.SystemClock{}, time.Now().UnixNano())
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
@@ -547,9 +545,7 @@ func (s *Server) Apply(c *config.Config) error {
 }
 
 func (s *Server) applyLocked(c *config.Config) error {
-	if s.opts.Chaos {
-		c.Chaos.Enabled = true
-	}
+	c = s.opts.served(c)
 	old := s.state.Load()
 	if c.Version == old.snap.Config.Version {
 		return nil
@@ -613,19 +609,28 @@ func restartProblems(c, oc *config.Config) error {
 	return nil
 }
 
+// served is the config the server runs for c: c itself, or with Chaos (sluice serve
+// --chaos) a copy with fault injection on. The caller's config is never edited: it may be
+// kept, compared or applied again.
+func (o Options) served(c *config.Config) *config.Config {
+	if !o.Chaos || c.Chaos.Enabled {
+		return c
+	}
+	cc := *c
+	cc.Chaos.Enabled = true
+	return &cc
+}
+
 // Check reports whether Apply would take c, without applying it: the restart rules, then a
 // build of every cluster and policy, torn down at once. A control plane's client checks
 // what it ACKs even when it does not apply it yet. It has no effect on the serving config:
 // no health check starts and the load-signal scraper keeps its endpoints.
 func (s *Server) Check(c *config.Config) error {
-	cc := *c
-	if s.opts.Chaos {
-		cc.Chaos.Enabled = true
-	}
-	if err := restartProblems(&cc, s.Config()); err != nil {
+	cc := s.opts.served(c)
+	if err := restartProblems(cc, s.Config()); err != nil {
 		return err
 	}
-	st, err := s.build(&cc, nil)
+	st, err := s.build(cc, nil)
 	if err != nil {
 		return err
 	}
