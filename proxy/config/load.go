@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/gpu"
+	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/upstream"
@@ -189,151 +191,92 @@ func (c *Config) Finish() error {
 }
 
 func (c *Config) applyDefaults() {
-	if c.Listen == "" {
-		c.Listen = DefaultListen
-	}
-	if c.Admin.Listen == "" {
-		c.Admin.Listen = DefaultAdminListen
-	}
-	if c.Admin.TokenEnv == "" {
-		c.Admin.TokenEnv = DefaultAdminTokenEnv
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxEventBytes == 0 {
-		c.MaxEventBytes = DefaultMaxEventBytes
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = Duration(DefaultDrainTimeout)
-	}
+	def := policy.Default[string]
+	def(&c.Listen, DefaultListen)
+	def(&c.Admin.Listen, DefaultAdminListen)
+	def(&c.Admin.TokenEnv, DefaultAdminTokenEnv)
+	policy.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	policy.Default(&c.MaxEventBytes, DefaultMaxEventBytes)
+	policy.Default(&c.DrainTimeout, Duration(DefaultDrainTimeout))
+	policy.Default(&c.DrainDelay, Duration(DefaultDrainDelay))
 	c.Timeouts.Timeouts = c.Timeouts.Or(Timeouts{
 		Connect: Duration(DefaultConnectTimeout), TTFT: Duration(DefaultTTFTTimeout),
 		Idle: Duration(DefaultIdleTimeout), Total: Duration(DefaultTotalTimeout),
 	})
-	if c.Timeouts.Body == 0 {
-		c.Timeouts.Body = Duration(DefaultBodyTimeout)
-	}
-	if c.Timeouts.Write == 0 {
-		c.Timeouts.Write = Duration(DefaultWriteTimeout)
-	}
-	if c.DrainDelay == 0 {
-		c.DrainDelay = Duration(DefaultDrainDelay)
-	}
+	policy.Default(&c.Timeouts.Body, Duration(DefaultBodyTimeout))
+	policy.Default(&c.Timeouts.Write, Duration(DefaultWriteTimeout))
 	lm := &c.Limits
-	if lm.MaxHeaderBytes == 0 {
-		lm.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
-	if lm.MaxBufferedAnswer == 0 {
-		lm.MaxBufferedAnswer = DefaultMaxBufferedAnswer
-	}
-	if lm.MaxBufferedTotal == 0 {
-		lm.MaxBufferedTotal = DefaultMaxBufferedTotal
-	}
+	policy.Default(&lm.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	policy.Default(&lm.MaxBufferedAnswer, DefaultMaxBufferedAnswer)
+	policy.Default(&lm.MaxBufferedTotal, DefaultMaxBufferedTotal)
 	ls := &c.LoadSignals
-	if ls.Interval == 0 {
-		ls.Interval = Duration(gpu.DefaultInterval)
-	}
-	if ls.Timeout == 0 {
-		ls.Timeout = Duration(gpu.DefaultTimeout)
-	}
-	if ls.Staleness == 0 {
-		ls.Staleness = Duration(gpu.DefaultStaleness)
-	}
-	if ls.Names == "" {
-		ls.Names = "vllm"
-	}
+	policy.Default(&ls.Interval, Duration(gpu.DefaultInterval))
+	policy.Default(&ls.Timeout, Duration(gpu.DefaultTimeout))
+	policy.Default(&ls.Staleness, Duration(gpu.DefaultStaleness))
+	def(&ls.Names, "vllm")
 	for i := range c.Clusters {
-		cl := &c.Clusters[i]
-		for j := range cl.Endpoints {
-			if cl.Endpoints[j].Weight == 0 {
-				cl.Endpoints[j].Weight = 1
-			}
-		}
-		hc := &cl.HealthCheck
-		if hc.Interval == 0 {
-			hc.Interval = Duration(DefaultHealthInterval)
-		}
-		if hc.Timeout == 0 {
-			hc.Timeout = Duration(DefaultHealthTimeout)
-		}
-		if hc.UnhealthyThreshold == 0 {
-			hc.UnhealthyThreshold = DefaultHealthUnhealthyThreshold
-		}
-		if hc.HealthyThreshold == 0 {
-			hc.HealthyThreshold = DefaultHealthHealthyThreshold
-		}
-		od := &cl.Outlier
-		if od.ConsecutiveFailures == 0 {
-			od.ConsecutiveFailures = DefaultOutlierConsecutiveFailures
-		}
-		if od.BaseEjection == 0 {
-			od.BaseEjection = Duration(DefaultOutlierBaseEjection)
-		}
-		if od.MaxEjection == 0 {
-			od.MaxEjection = Duration(DefaultOutlierMaxEjection)
-		}
-		if od.MaxEjectionPercent == 0 {
-			od.MaxEjectionPercent = DefaultOutlierMaxEjectionPercent
-		}
-		if cl.MaxIdleConnsPerHost == 0 {
-			cl.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
-		}
-		if cl.APIKey == "" && cl.APIKeyEnv != "" {
-			cl.APIKey = Secret(os.Getenv(cl.APIKeyEnv))
-		}
+		c.Clusters[i].applyDefaults()
 	}
 	for i := range c.Routes {
-		r := &c.Routes[i]
-		if r.Name == "" {
-			r.Name = fmt.Sprintf("route-%d", i)
-		}
-		if r.Match.PathPrefix == "" {
-			r.Match.PathPrefix = "/"
-		}
-		if m := r.Mirror; m != nil {
-			m2 := *m // the YAML decoder may share nothing, but a Config is never edited in place
-			if m2.MaxQueue == 0 {
-				m2.MaxQueue = DefaultMirrorMaxQueue
-			}
-			if m2.MaxConcurrency == 0 {
-				m2.MaxConcurrency = DefaultMirrorMaxConcurrency
-			}
-			if m2.CaptureBytes == 0 {
-				m2.CaptureBytes = DefaultMirrorCaptureBytes
-			}
-			if m2.CaptureTotal == 0 {
-				m2.CaptureTotal = max(DefaultMirrorCaptureTotal, m2.CaptureBytes)
-			}
-			if m2.Timeout == 0 {
-				m2.Timeout = Duration(DefaultTotalTimeout)
-			}
-			if p := m2.Progression; p != nil && p.Split == "" {
-				p2 := *p
-				for _, sp := range r.Splits {
-					if sp.Cluster == m2.Cluster {
-						p2.Split = sp.Name
-						if p2.Split == "" {
-							p2.Split = sp.Cluster
-						}
-						break
-					}
-				}
-				m2.Progression = &p2
-			}
-			r.Mirror = &m2
-		}
+		c.Routes[i].applyDefaults(i)
 	}
-	if c.Shadow.Interval == 0 {
-		c.Shadow.Interval = Duration(DefaultShadowInterval)
-	}
-	if c.Shadow.Window == 0 {
-		c.Shadow.Window = DefaultShadowWindow
-	}
-	if c.Shadow.Retention == 0 {
-		c.Shadow.Retention = DefaultShadowRetention
-	}
+	policy.Default(&c.Shadow.Interval, Duration(DefaultShadowInterval))
+	policy.Default(&c.Shadow.Window, DefaultShadowWindow)
+	policy.Default(&c.Shadow.Retention, DefaultShadowRetention)
 	c.Shadow.Verdict = c.Shadow.Verdict.WithDefaults()
+}
+
+// applyDefaults fills in a cluster's endpoint weights, health check, outlier detection, pool
+// size and API key (from api_key_env).
+func (cl *Cluster) applyDefaults() {
+	for j := range cl.Endpoints {
+		policy.Default(&cl.Endpoints[j].Weight, 1)
+	}
+	hc := &cl.HealthCheck
+	policy.Default(&hc.Interval, Duration(DefaultHealthInterval))
+	policy.Default(&hc.Timeout, Duration(DefaultHealthTimeout))
+	policy.Default(&hc.UnhealthyThreshold, DefaultHealthUnhealthyThreshold)
+	policy.Default(&hc.HealthyThreshold, DefaultHealthHealthyThreshold)
+	od := &cl.Outlier
+	policy.Default(&od.ConsecutiveFailures, DefaultOutlierConsecutiveFailures)
+	policy.Default(&od.BaseEjection, Duration(DefaultOutlierBaseEjection))
+	policy.Default(&od.MaxEjection, Duration(DefaultOutlierMaxEjection))
+	policy.Default(&od.MaxEjectionPercent, DefaultOutlierMaxEjectionPercent)
+	policy.Default(&cl.MaxIdleConnsPerHost, DefaultMaxIdleConnsPerHost)
+	if cl.APIKey == "" && cl.APIKeyEnv != "" {
+		cl.APIKey = Secret(os.Getenv(cl.APIKeyEnv))
+	}
+}
+
+// applyDefaults fills in the i-th route's name, path prefix and mirror.
+func (r *Route) applyDefaults(i int) {
+	policy.Default(&r.Name, fmt.Sprintf("route-%d", i))
+	policy.Default(&r.Match.PathPrefix, "/")
+	if r.Mirror != nil {
+		r.Mirror = r.Mirror.withDefaults(r.Splits)
+	}
+}
+
+// withDefaults is a copy of the mirror with its defaults filled in (the decoded mirror is
+// never edited in place); a progression without a split takes the split of the route that
+// sends to the mirror's cluster.
+func (m Mirror) withDefaults(splits []route.Split) *Mirror {
+	policy.Default(&m.MaxQueue, DefaultMirrorMaxQueue)
+	policy.Default(&m.MaxConcurrency, DefaultMirrorMaxConcurrency)
+	policy.Default(&m.CaptureBytes, DefaultMirrorCaptureBytes)
+	policy.Default(&m.CaptureTotal, max(DefaultMirrorCaptureTotal, m.CaptureBytes))
+	policy.Default(&m.Timeout, Duration(DefaultTotalTimeout))
+	if p := m.Progression; p != nil && p.Split == "" {
+		p2 := *p
+		for _, sp := range splits {
+			if sp.Cluster == m.Cluster {
+				p2.Split = cmp.Or(sp.Name, sp.Cluster)
+				break
+			}
+		}
+		m.Progression = &p2
+	}
+	return &m
 }
 
 // Validate checks the whole config and returns a *ValidationError listing every problem.
