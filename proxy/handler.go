@@ -22,9 +22,10 @@ import (
 	"github.com/sluicegw/sluice/proxy/telemetry"
 )
 
-// Handler is the request path. ServeHTTP reads top-down, one step per block:
-// parse, identify, match, admit, plan, then the attempt loop (pick, send, relay, retry),
-// settle and record. Everything an attempt does is in attempt.go; the SSE relay is in relay.go.
+// Handler is the request path. ServeHTTP reads top-down, one step per block, numbered as in
+// the design's picture: 1 parse, 2 identify, 3 match, 4 admit, 5 plan, 6 mirror, then the
+// attempt loop (7 pick, 8 send, 9 relay, 10 retry), 11 settle and record. Everything an
+// attempt does is in attempt.go; the SSE relay is in relay.go.
 type Handler struct {
 	srv *Server
 }
@@ -158,8 +159,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	// 7. chaos (when enabled): downstream faults wrap the client's writer, upstream faults
-	// ride on the attempts (send is wrapped by fault).
+	// Chaos (when enabled) wraps steps 8 and 9: downstream faults wrap the client's writer,
+	// upstream faults ride on the attempts (send is wrapped by fault).
 	inj, rej := h.injectFaults(ctx, r, ex, st, rt, preq)
 	if inj != nil {
 		defer func() { inj.Done(faultOutcome(ex.outcome, rt)) }()
@@ -169,14 +170,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// 6–9. pick, send, relay, retry: failures before the first byte move to the next try.
+	// 7–10. pick, send, relay, retry (attempt.go, relay.go): failures before the
+	// first byte move to the next candidate. A batched request is sent merged with others.
 	if batched {
 		res = h.batched(ctx, ex, st, rt, plan, bt) // merged with others into one upstream request
 	} else {
 		res = h.forward(ctx, ex, st, rt, plan)
 	}
 
-	// 10. settle and record (then the mirror's worker gets the primary's answer to compare).
+	// 11. settle and record (then the mirror gets the primary's answer to compare).
 	h.finish(ctx, ex, st, rt, span, res)
 }
 
