@@ -21,6 +21,102 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(args) > 0 && args[0] == "merge" {
 		return runLoadMerge(args[1:], stdout, stderr)
 	}
+	fs, f := newLoadFlags(stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	cfg, err := f.config(set)
+	if err != nil {
+		return err
+	}
+	if os.Getenv("GOGC") == "" {
+		// Fewer collections: at thousands of requests per second the collector's pauses and
+		// its dedicated worker (a quarter of GOMAXPROCS) are most of the scheduling lag's tail.
+		debug.SetGCPercent(400)
+	}
+	var view *progressView
+	if showProgress(*f.quiet, stderr) {
+		view = &progressView{w: stderr}
+		defer view.end()
+		cfg.OnProgress = view.update
+	}
+	var rep *load.Report
+	if *f.sweep {
+		rep, err = load.Sweep(ctx, cfg, load.SweepConfig{Start: *f.rate, Steps: *f.sweepSteps, Attainment: *f.sweepAtt,
+			OnStep: func(s load.SweepStep) {
+				view.end()
+				fmt.Fprintf(stdout, "sweep: rate %8.2f req/s  attainment %5.1f%%  goodput %7.2f  TTFT p99 %8.1f ms  pass %v\n",
+					s.Rate, s.Attainment*100, s.Goodput, s.TTFTp99, s.Pass)
+			}})
+	} else {
+		rep, err = load.Run(ctx, cfg)
+	}
+	view.end() // before anything else is printed: the summary starts on a line of its own
+	if rep == nil {
+		return err
+	}
+	if werr := writeOutputs(rep, *f.jsonOut, *f.htmlOut); werr != nil {
+		return werr
+	}
+	load.PrintSummary(stdout, rep)
+	if errors.Is(err, context.Canceled) {
+		fmt.Fprintln(stderr, "sluice load: interrupted; the results cover what was measured")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	threshold := *f.sloAtt
+	if *f.sweep {
+		threshold = *f.sweepAtt
+	}
+	// main prints it as the last line on stderr ("sluice load: SLO missed: ...") and exits 1.
+	return rep.Check(threshold)
+}
+
+// loadFlags are the flags of `sluice load`, set by parsing its flag set.
+type loadFlags struct {
+	target      *string
+	model       *string
+	apiKey      *string
+	endpoint    *string
+	trace       *string
+	synthetic   *string
+	sessions    *string
+	rate        *float64
+	arrival     *string
+	burst       *float64
+	rampTo      *float64
+	conc        *int
+	sweep       *bool
+	sweepSteps  *int
+	sweepAtt    *float64
+	duration    *time.Duration
+	requests    *int
+	timeScale   *float64
+	slo         *string
+	sloAtt      *float64
+	jsonOut     *string
+	htmlOut     *string
+	shard       *string
+	seed        *uint64
+	abort       *float64
+	inflate     *string
+	perturb     *float64
+	timeout     *time.Duration
+	maxInflight *int
+	noStream    *bool
+	contUsage   *bool
+	quiet       *bool
+}
+
+// newLoadFlags is the flag set of `sluice load`.
+func newLoadFlags(stderr io.Writer) (*flag.FlagSet, *loadFlags) {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	target := fs.String("target", "", "base URL of the OpenAI-compatible endpoint (http://host:port; /v1/chat/completions is added)")
@@ -81,129 +177,92 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
+	return fs, &loadFlags{
+		target: target, model: model, apiKey: apiKey, endpoint: endpoint, trace: trace,
+		synthetic: synthetic, sessions: sessions, rate: rate, arrival: arrival, burst: burst,
+		rampTo: rampTo, conc: conc, sweep: sweep, sweepSteps: sweepSteps, sweepAtt: sweepAtt,
+		duration: duration, requests: requests, timeScale: timeScale, slo: slo, sloAtt: sloAtt,
+		jsonOut: jsonOut, htmlOut: htmlOut, shard: shard, seed: seed, abort: abort, inflate: inflate,
+		perturb: perturb, timeout: timeout, maxInflight: maxInflight, noStream: noStream,
+		contUsage: contUsage, quiet: quiet,
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if *target != "" {
-		if err := load.CheckTarget(*target); err != nil {
-			return err
+}
+
+// config checks the parsed flags (set: the names given) and builds the run's config.
+func (f *loadFlags) config(set map[string]bool) (load.Config, error) {
+	if *f.target != "" {
+		if err := load.CheckTarget(*f.target); err != nil {
+			return load.Config{}, err
 		}
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if !(*sloAtt >= 0 && *sloAtt <= 1) {
-		return fmt.Errorf("--slo-attainment %g: want a share in [0, 1], e.g. 0.9", *sloAtt)
+	if !(*f.sloAtt >= 0 && *f.sloAtt <= 1) {
+		return load.Config{}, fmt.Errorf("--slo-attainment %g: want a share in [0, 1], e.g. 0.9", *f.sloAtt)
 	}
-	if !(*sweepAtt > 0 && *sweepAtt <= 1) {
-		return fmt.Errorf("--sweep-attainment %g: want a share in (0, 1], e.g. 0.9", *sweepAtt)
+	if !(*f.sweepAtt > 0 && *f.sweepAtt <= 1) {
+		return load.Config{}, fmt.Errorf("--sweep-attainment %g: want a share in (0, 1], e.g. 0.9", *f.sweepAtt)
 	}
-	if set["slo-attainment"] && *slo == "" {
-		return errors.New("--slo-attainment needs --slo (the limits whose attainment it judges)")
+	if set["slo-attainment"] && *f.slo == "" {
+		return load.Config{}, errors.New("--slo-attainment needs --slo (the limits whose attainment it judges)")
 	}
-	if set["slo-attainment"] && *sweep {
-		return errors.New("--slo-attainment judges one run: with --sweep give --sweep-attainment")
+	if set["slo-attainment"] && *f.sweep {
+		return load.Config{}, errors.New("--slo-attainment judges one run: with --sweep give --sweep-attainment")
 	}
-	if os.Getenv("GOGC") == "" {
-		// Fewer collections: at thousands of requests per second the collector's pauses and
-		// its dedicated worker (a quarter of GOMAXPROCS) are most of the scheduling lag's tail.
-		debug.SetGCPercent(400)
-	}
-	cfg := load.Config{Target: *target, Model: *model, APIKey: *apiKey, Endpoint: *endpoint, Rate: *rate, Arrival: *arrival,
-		Burstiness: *burst, RampTo: *rampTo, Concurrency: *conc, Duration: *duration, Requests: *requests, TimeScale: *timeScale,
-		Seed: *seed, Abort: *abort, Perturb: *perturb, Timeout: *timeout, MaxInFlight: *maxInflight, NoStream: *noStream,
-		ContinuousUsage: *contUsage}
-	if *endpoint != "chat" && *endpoint != "completions" {
-		return fmt.Errorf("--endpoint %q: want chat or completions", *endpoint)
+	cfg := load.Config{Target: *f.target, Model: *f.model, APIKey: *f.apiKey, Endpoint: *f.endpoint, Rate: *f.rate, Arrival: *f.arrival,
+		Burstiness: *f.burst, RampTo: *f.rampTo, Concurrency: *f.conc, Duration: *f.duration, Requests: *f.requests, TimeScale: *f.timeScale,
+		Seed: *f.seed, Abort: *f.abort, Perturb: *f.perturb, Timeout: *f.timeout, MaxInFlight: *f.maxInflight, NoStream: *f.noStream,
+		ContinuousUsage: *f.contUsage}
+	if *f.endpoint != "chat" && *f.endpoint != "completions" {
+		return load.Config{}, fmt.Errorf("--endpoint %q: want chat or completions", *f.endpoint)
 	}
 	n := 0
-	for _, s := range []string{*trace, *synthetic, *sessions} {
+	for _, s := range []string{*f.trace, *f.synthetic, *f.sessions} {
 		if s != "" {
 			n++
 		}
 	}
 	if n != 1 {
-		return errors.New("give exactly one of --trace, --synthetic, --sessions")
+		return load.Config{}, errors.New("give exactly one of --trace, --synthetic, --sessions")
 	}
 	var err error
 	switch {
-	case *trace != "":
-		cfg.Workload, err = load.LoadTrace(*trace)
-	case *synthetic != "":
+	case *f.trace != "":
+		cfg.Workload, err = load.LoadTrace(*f.trace)
+	case *f.synthetic != "":
 		var sp *load.SyntheticSpec
-		sp, err = load.ParseSynthetic(*synthetic)
+		sp, err = load.ParseSynthetic(*f.synthetic)
 		cfg.Workload = &load.Workload{Synthetic: sp}
 	default:
 		var sp *load.SessionSpec
-		sp, err = load.ParseSessions(*sessions)
+		sp, err = load.ParseSessions(*f.sessions)
 		cfg.Workload = &load.Workload{Sessions: sp}
 	}
 	if err != nil {
-		return err
+		return load.Config{}, err
 	}
-	if *slo != "" {
-		if cfg.SLO, err = load.ParseSLO(*slo); err != nil {
-			return err
+	if *f.slo != "" {
+		if cfg.SLO, err = load.ParseSLO(*f.slo); err != nil {
+			return load.Config{}, err
 		}
 	}
-	if *shard != "" {
-		i, nn, ok := strings.Cut(*shard, "/")
+	if *f.shard != "" {
+		i, nn, ok := strings.Cut(*f.shard, "/")
 		a, err1 := strconv.Atoi(i)
 		b, err2 := strconv.Atoi(nn)
 		if !ok || err1 != nil || err2 != nil || b < 1 || a < 0 || a >= b {
-			return fmt.Errorf("--shard %q: want i/n with 0 <= i < n", *shard)
+			return load.Config{}, fmt.Errorf("--shard %q: want i/n with 0 <= i < n", *f.shard)
 		}
 		cfg.Shard, cfg.Shards = a, b
 	}
-	if *inflate != "" {
-		s, k, ok := strings.Cut(*inflate, ":")
+	if *f.inflate != "" {
+		s, k, ok := strings.Cut(*f.inflate, ":")
 		share, err1 := strconv.ParseFloat(s, 64)
 		kk, err2 := strconv.Atoi(k)
 		if !ok || err1 != nil || err2 != nil || kk < 1 || kk > 1000 {
-			return fmt.Errorf("--inflate %q: want SHARE:K, e.g. 0.01:10", *inflate)
+			return load.Config{}, fmt.Errorf("--inflate %q: want SHARE:K, e.g. 0.01:10", *f.inflate)
 		}
 		cfg.Inflate, cfg.InflateK = share, kk
 	}
-	var view *progressView
-	if showProgress(*quiet, stderr) {
-		view = &progressView{w: stderr}
-		defer view.end()
-		cfg.OnProgress = view.update
-	}
-	var rep *load.Report
-	if *sweep {
-		rep, err = load.Sweep(ctx, cfg, load.SweepConfig{Start: *rate, Steps: *sweepSteps, Attainment: *sweepAtt,
-			OnStep: func(s load.SweepStep) {
-				view.end()
-				fmt.Fprintf(stdout, "sweep: rate %8.2f req/s  attainment %5.1f%%  goodput %7.2f  TTFT p99 %8.1f ms  pass %v\n",
-					s.Rate, s.Attainment*100, s.Goodput, s.TTFTp99, s.Pass)
-			}})
-	} else {
-		rep, err = load.Run(ctx, cfg)
-	}
-	view.end() // before anything else is printed: the summary starts on a line of its own
-	if rep == nil {
-		return err
-	}
-	if werr := writeOutputs(rep, *jsonOut, *htmlOut); werr != nil {
-		return werr
-	}
-	load.PrintSummary(stdout, rep)
-	if errors.Is(err, context.Canceled) {
-		fmt.Fprintln(stderr, "sluice load: interrupted; the results cover what was measured")
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	threshold := *sloAtt
-	if *sweep {
-		threshold = *sweepAtt
-	}
-	// main prints it as the last line on stderr ("sluice load: SLO missed: ...") and exits 1.
-	return rep.Check(threshold)
+	return cfg, nil
 }
 
 // showProgress decides whether the live progress view is drawn: on stderr, when that is a
