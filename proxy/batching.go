@@ -49,14 +49,8 @@ func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *conf
 		res.cluster = plan[0].Cluster
 	}
 	res.tap.Start = ex.start
-	switch {
-	case status >= 500:
-		res.class = classUpstream5xx
-	case status == http.StatusTooManyRequests:
-		res.class = classUpstream429
-	case status >= 400:
-		res.class = classUpstream4xx
-	default:
+	// The share is answered now, whatever its status: nothing is retried.
+	if res.class, _ = statusClass(status); res.class == "" {
 		now := time.Now()
 		res.tap.FirstToken = now
 		res.tap.ObserveBody(body, now)

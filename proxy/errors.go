@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
 // Error classes: why a request or an attempt failed. They label metrics and Outcomes.
@@ -148,4 +149,32 @@ func protocolFailure(err error) bool {
 	}
 	// A keep-alive connection the server closed as the request was sent on it: nothing ran.
 	return !strings.Contains(err.Error(), "server closed idle connection")
+}
+
+// statusClass is the class of a model server's answer by its status ("" for a success, below
+// 400) and whether another attempt may follow it: a 5xx or a 429 may be retried (another
+// endpoint, another cluster), any other 4xx is the request's own and goes back to the client.
+// The one place where an upstream status becomes a class: attempts, batched requests and
+// the mirror's copies all use it.
+func statusClass(status int) (class string, retryable bool) {
+	switch {
+	case status >= 500:
+		return classUpstream5xx, true
+	case status == http.StatusTooManyRequests:
+		return classUpstream429, true
+	case status >= 400:
+		return classUpstream4xx, false
+	}
+	return "", false
+}
+
+// reportStatus tells the endpoint's outlier detection how it answered: a 5xx is a failure, a
+// 429 neither (the server is busy, not broken), anything else a success.
+func reportStatus(ep *upstream.Endpoint, status int) {
+	switch {
+	case status >= 500:
+		ep.Report(false)
+	case status != http.StatusTooManyRequests:
+		ep.Report(true)
+	}
 }

@@ -747,13 +747,9 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	var perr error
 	a, perr = answerOf(capt.sse, capt.buf)
 	a.Status, a.Truncated = resp.StatusCode, capt.truncated
-	switch s := resp.StatusCode; {
-	case s == http.StatusTooManyRequests:
-		a.ErrorClass = classUpstream429
-	case s >= 500:
-		a.ErrorClass = classUpstream5xx
-	case s >= 400:
-		a.ErrorClass = classUpstream4xx
+	a.ErrorClass, _ = statusClass(resp.StatusCode)
+	switch {
+	case a.ErrorClass != "":
 	case cut && ctx.Err() != nil:
 		a.ErrorClass = classTimeout
 	case cut:

@@ -284,16 +284,8 @@ func streamErrorAnswer(ev openai.Event, ep *upstream.Endpoint, res *result) {
 	status, body := openai.StreamErrorBody(ev.Data)
 	res.status = status
 	res.pending = &pending{status: status, header: http.Header{"Content-Type": {"application/json"}}, body: body}
-	switch {
-	case status >= 500:
-		ep.Report(false)
-		res.class, res.retryable = classUpstream5xx, true
-	case status == http.StatusTooManyRequests:
-		res.class, res.retryable = classUpstream429, true
-	default:
-		ep.Report(true)
-		res.class = classUpstream4xx
-	}
+	reportStatus(ep, status)
+	res.class, res.retryable = statusClass(status) // status is 400–599
 }
 
 // errUpstreamStreamError: the model server reported an error in the stream.
@@ -368,17 +360,8 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 		}
 	}
 	now := time.Now()
-	switch s := resp.StatusCode; {
-	case s >= 500:
-		ep.Report(false)
-		res.class, res.retryable = classUpstream5xx, true
-	case s == http.StatusTooManyRequests:
-		res.class, res.retryable = classUpstream429, true
-	case s >= 400:
-		ep.Report(true)
-		res.class = classUpstream4xx
-	default:
-		ep.Report(true)
+	reportStatus(ep, resp.StatusCode)
+	if res.class, res.retryable = statusClass(resp.StatusCode); res.class == "" {
 		res.tap.FirstToken = now
 		res.tap.ObserveBody(body, now)
 	}
