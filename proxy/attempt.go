@@ -56,22 +56,22 @@ func (h *Handler) forward(ctx context.Context, ex *exchange, st *state, rt *conf
 func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate, fallback bool, res *result, attempts *int) string {
 	cl := st.clusters[cand.Cluster]
 	if cl == nil {
-		unavailable(ex, res, classError(classNoEndpoint, time.Second), cand.Cluster)
+		unavailable(ex, res, classError(policy.ClassNoEndpoint, time.Second), cand.Cluster)
 		return policy.CondNoEndpoint
 	}
 	var prev *upstream.Endpoint
 	for try := 0; ; try++ {
 		done, ok := rtr.Breakers().Allow(cand.Cluster)
 		if !ok {
-			h.srv.tel.UpstreamError(ctx, cand.Cluster, classBreakerOpen)
-			unavailable(ex, res, classError(classBreakerOpen, rtr.Breakers().RetryAfter(cand.Cluster)), cand.Cluster)
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, policy.ClassBreakerOpen)
+			unavailable(ex, res, classError(policy.ClassBreakerOpen, rtr.Breakers().RetryAfter(cand.Cluster)), cand.Cluster)
 			return policy.CondBreakerOpen
 		}
 		ep, err := cl.PickFor(prev, upstream.Hint{PrefixHash: ex.preq.PrefixHash, PrefixLen: ex.preq.PrefixLen, Home: ex.home})
 		if err != nil {
 			done(false, true)
-			h.srv.tel.UpstreamError(ctx, cand.Cluster, classNoEndpoint)
-			unavailable(ex, res, classError(classNoEndpoint, time.Second), cand.Cluster)
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, policy.ClassNoEndpoint)
+			unavailable(ex, res, classError(policy.ClassNoEndpoint, time.Second), cand.Cluster)
 			return policy.CondNoEndpoint
 		}
 		if !h.spend(ctx, ex, rt, rtr, cand.Cluster, try, fallback) {
@@ -86,10 +86,10 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		code := res.errorCode()
 		failed, excluded := rtr.Verdict(res.class, res.status, code)
 		done(failed, excluded)
-		if res.class != "" && res.class != classClientCancel && res.class != classBodyTimeout {
+		if res.class != "" && res.class != policy.ClassClientCancel && res.class != policy.ClassBodyTimeout {
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, res.class)
 		}
-		if resumed && res.inband == nil && res.class != "" && res.class != classClientCancel {
+		if resumed && res.inband == nil && res.class != "" && res.class != policy.ClassClientCancel {
 			// The continuation failed before its first byte: a transport error (res.err), or
 			// an upstream error answer (res.pending), which cannot be relayed mid-stream.
 			// Either way the client's stream ends with an in-band error, never silently.
@@ -99,7 +99,7 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 			res.inband, res.err, res.pending = res.err, nil, nil
 		}
 		if ex.committed {
-			if res.inband != nil && (res.class == classStreamCut || res.class == classIdleTimeout || res.class == classStreamError) {
+			if res.inband != nil && (res.class == policy.ClassStreamCut || res.class == policy.ClassIdleTimeout || res.class == policy.ClassStreamError) {
 				return policy.CondStreamCut
 			}
 			return ""
@@ -119,7 +119,7 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 			if !ok || !sleep(ctx, wait) {
 				return cond
 			}
-		case res.class == classConnect && try == 0 && len(cl.Endpoints()) > 1:
+		case res.class == policy.ClassConnect && try == 0 && len(cl.Endpoints()) > 1:
 		default:
 			return cond
 		}
@@ -332,29 +332,29 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 			resp.Body.Close()
 		}
 		res.err = bodyTimeout(ex.w, h.srv.state.Load().snap.Config.Timeouts.Body.D())
-		res.status, res.class = res.err.Status, classBodyTimeout
+		res.status, res.class = res.err.Status, policy.ClassBodyTimeout
 		return res
 	}
 	if err != nil {
 		res.class = transportClass(actx)
-		if res.class == classConnect && protocolFailure(err) {
+		if res.class == policy.ClassConnect && protocolFailure(err) {
 			// The server was reached and answered badly (a malformed status line or
 			// headers, a flood of 1xx, oversized headers, a short answer): not a connection
 			// failure, and the request may have been run.
 			ep.Report(false)
-			res.class, res.err = classUpstreamProtocol, protocolError(err)
+			res.class, res.err = policy.ClassUpstreamProtocol, protocolError(err)
 			res.status, res.retryable = res.err.Status, true
 			return res
 		}
-		if res.class == classConnect {
+		if res.class == policy.ClassConnect {
 			ep.Report(false)
 		}
 		res.err = classError(res.class, 0)
 		res.status = res.err.Status
-		if res.class == classPerTryTimeout {
-			res.class = classTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
+		if res.class == policy.ClassPerTryTimeout {
+			res.class = policy.ClassTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
 		}
-		res.retryable = res.class == classConnect || res.class == classTTFTTimeout
+		res.retryable = res.class == policy.ClassConnect || res.class == policy.ClassTTFTTimeout
 		return res
 	}
 	defer resp.Body.Close()

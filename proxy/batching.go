@@ -40,7 +40,7 @@ func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *conf
 		case errors.As(err, &oe):
 			return failure(oe)
 		default:
-			return failure(openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, "batched request failed: "+err.Error()))
+			return failure(openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamError, "batched request failed: "+err.Error()))
 		}
 	}
 	// Only the caller whose send function carried the batch knows where it went.
@@ -57,7 +57,7 @@ func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *conf
 	}
 	ex.commit(status, hdr, &res)
 	if _, err := ex.w.Write(body); err != nil {
-		res.class, res.status = classClientCancel, statusClientClosed
+		res.class, res.status = policy.ClassClientCancel, statusClientClosed
 	}
 	return res
 }

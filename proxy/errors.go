@@ -12,37 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
-)
-
-// Error classes: why a request or an attempt failed. They label metrics and Outcomes.
-const (
-	classClientCancel  = "client_cancel"  // the client went away
-	classClientStalled = "client_stalled" // the client stopped reading: a write to it exceeded the write time-out
-	classBodyTimeout   = "body_timeout"   // the client did not send its body within the body time-out
-	classTTFTTimeout   = "ttft_timeout"   // no first byte within the route's TTFT time-out
-	classIdleTimeout   = "idle_timeout"   // no event within the idle time-out, mid-stream
-	classTimeout       = "timeout"        // the route's total time-out
-	classConnect       = "connect"        // could not connect to (or send to) the endpoint
-	classNoEndpoint    = "no_endpoint"    // no healthy endpoint in the cluster
-	classUpstream5xx   = "upstream_5xx"   // the model server answered 5xx
-	classUpstream429   = "upstream_429"   // the model server answered 429
-	classUpstream4xx   = "upstream_4xx"   // the model server answered another 4xx
-	classStreamCut     = "stream_cut"     // the stream broke after it started
-	classStreamError   = "stream_error"   // the model server reported an error in the stream, after it started
-	classEmptyResponse = "upstream_empty" // the upstream closed before sending anything
-	classShutdown      = "shutdown"       // the gateway's drain deadline passed
-	classUpstreamError = "upstream_error" // the upstream's answer could not be relayed
-	// classUpstreamProtocol: the model server's answer broke HTTP (malformed, a short or
-	// broken body, oversized headers, a flood of 1xx): it was reached and may have done
-	// the work, so this is not a connection failure.
-	classUpstreamProtocol = "upstream_protocol"
-	// classUpstreamMalformed: a successful answer not in the promised shape (not JSON, not an
-	// event stream for a stream, an encoding not asked for).
-	classUpstreamMalformed = "upstream_malformed"
-	classBreakerOpen       = "breaker_open"    // the cluster's breaker is open
-	classPerTryTimeout     = "per_try_timeout" // one attempt exceeded retry.per_try_timeout (or a step's total)
 )
 
 // statusClientClosed is nginx's 499: the client closed the request.
@@ -57,7 +29,7 @@ var (
 	errClientWrite  = errors.New("client went away")
 
 	// errClientGone marks a request whose client went away: nothing is written back.
-	errClientGone = &openai.Error{Status: statusClientClosed, Type: "invalid_request_error", Code: classClientCancel, Message: "client closed the request"}
+	errClientGone = &openai.Error{Status: statusClientClosed, Type: "invalid_request_error", Code: policy.ClassClientCancel, Message: "client closed the request"}
 )
 
 // classError maps an error class to the status and OpenAI error the client gets. This is the
@@ -65,36 +37,36 @@ var (
 // healthy endpoint or shutting down, 502 otherwise.
 func classError(class string, retryAfter time.Duration) *openai.Error {
 	switch class {
-	case classClientCancel:
+	case policy.ClassClientCancel:
 		return errClientGone
-	case classTTFTTimeout:
+	case policy.ClassTTFTTimeout:
 		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "upstream sent no first token within the route's TTFT time-out")
-	case classIdleTimeout:
+	case policy.ClassIdleTimeout:
 		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "upstream stalled longer than the route's idle time-out")
-	case classTimeout:
+	case policy.ClassTimeout:
 		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "request exceeded the route's total time-out")
-	case classPerTryTimeout:
+	case policy.ClassPerTryTimeout:
 		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "the model server did not answer within the per-try time-out")
-	case classNoEndpoint:
+	case policy.ClassNoEndpoint:
 		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "no healthy endpoint is available for this route")
 		e.RetryAfter = retryAfter
 		return e
-	case classBreakerOpen:
+	case policy.ClassBreakerOpen:
 		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "the model server pool is failing and its breaker is open; retry later")
 		e.RetryAfter = retryAfter
 		return e
-	case classShutdown:
+	case policy.ClassShutdown:
 		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "the gateway is shutting down; retry on another replica")
 		e.RetryAfter = time.Second
 		return e
-	case classConnect:
+	case policy.ClassConnect:
 		return openai.NewError(http.StatusBadGateway, "server_error", class, "could not connect to the model server")
-	case classStreamCut:
+	case policy.ClassStreamCut:
 		return openai.NewError(http.StatusBadGateway, "server_error", class, "the model server's stream ended before completion")
-	case classEmptyResponse:
+	case policy.ClassEmptyResponse:
 		return openai.NewError(http.StatusBadGateway, "server_error", class, "the model server closed the connection without answering")
 	default:
-		return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, "the model server's answer could not be relayed")
+		return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamError, "the model server's answer could not be relayed")
 	}
 }
 
@@ -102,17 +74,17 @@ func classError(class string, retryAfter time.Duration) *openai.Error {
 func causeClass(ctx context.Context) string {
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, errTTFTTimeout):
-		return classTTFTTimeout
+		return policy.ClassTTFTTimeout
 	case errors.Is(cause, errIdleTimeout):
-		return classIdleTimeout
+		return policy.ClassIdleTimeout
 	case errors.Is(cause, errTotalTimeout):
-		return classTimeout
+		return policy.ClassTimeout
 	case errors.Is(cause, errTryTimeout):
-		return classPerTryTimeout
+		return policy.ClassPerTryTimeout
 	case errors.Is(cause, errShutdown):
-		return classShutdown
+		return policy.ClassShutdown
 	default:
-		return classClientCancel
+		return policy.ClassClientCancel
 	}
 }
 
@@ -122,7 +94,7 @@ func transportClass(ctx context.Context) string {
 	if ctx.Err() != nil {
 		return causeClass(ctx)
 	}
-	return classConnect
+	return policy.ClassConnect
 }
 
 // protocolFailure reports whether a transport error means the model server was reached and
@@ -159,11 +131,11 @@ func protocolFailure(err error) bool {
 func statusClass(status int) (class string, retryable bool) {
 	switch {
 	case status >= 500:
-		return classUpstream5xx, true
+		return policy.ClassUpstream5xx, true
 	case status == http.StatusTooManyRequests:
-		return classUpstream429, true
+		return policy.ClassUpstream429, true
 	case status >= 400:
-		return classUpstream4xx, false
+		return policy.ClassUpstream4xx, false
 	}
 	return "", false
 }

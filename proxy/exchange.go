@@ -248,9 +248,9 @@ func (ex *exchange) bodyTimedOut() bool { return ex.body != nil && ex.body.timed
 // time-out), or went away.
 func writeFailed(err error) string {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return classClientStalled
+		return policy.ClassClientStalled
 	}
-	return classClientCancel
+	return policy.ClassClientCancel
 }
 
 // commit writes the response headers: the upstream's (hop-by-hop and length dropped) plus

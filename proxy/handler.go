@@ -234,7 +234,7 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 // connection is closed after it: the rest of the body will not be waited for.
 func bodyTimeout(w http.ResponseWriter, d time.Duration) *openai.Error {
 	w.Header().Set("Connection", "close")
-	return openai.NewError(http.StatusRequestTimeout, "invalid_request_error", classBodyTimeout,
+	return openai.NewError(http.StatusRequestTimeout, "invalid_request_error", policy.ClassBodyTimeout,
 		"the request body did not arrive within the body time-out ("+d.String()+")")
 }
 
@@ -287,7 +287,7 @@ func (h *Handler) faults(r *http.Request, st *state, rt *config.CompiledRoute, p
 func faultOutcome(o policy.Outcome, rt *config.CompiledRoute) fault.Outcome {
 	return fault.Outcome{
 		Status: o.Status, ErrorClass: o.ErrorClass, Cluster: o.Cluster, Attempts: o.Attempts,
-		ClientSawError: o.Status >= 400 || (o.ErrorClass != "" && o.ErrorClass != classClientCancel),
+		ClientSawError: o.Status >= 400 || (o.ErrorClass != "" && o.ErrorClass != policy.ClassClientCancel),
 		Fallback:       o.Attempts > 1 || (o.Cluster != "" && o.Cluster != rt.Cluster),
 	}
 }
@@ -376,10 +376,10 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 	if res.class == "" && res.err != nil {
 		res.class = res.err.Code
 	}
-	if res.class == classClientCancel && ex.write != nil && ex.write.expired.Load() {
+	if res.class == policy.ClassClientCancel && ex.write != nil && ex.write.expired.Load() {
 		// HTTP/2: the write time-out reset the stream, which cancels the request's context:
 		// the client stopped reading, it did not go away.
-		res.class = classClientStalled
+		res.class = policy.ClassClientStalled
 	}
 	dur := time.Since(ex.start)
 	out := policy.Outcome{

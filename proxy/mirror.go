@@ -617,7 +617,7 @@ func (sh *shadowing) compare(ctx context.Context, j *mirrorJob) {
 	defer j.release()
 	mr := j.route
 	prim := j.primaryAnswer()
-	if prim.Status == statusClientClosed || prim.ErrorClass == classClientCancel || prim.ErrorClass == classShutdown || j.faulted {
+	if prim.Status == statusClientClosed || prim.ErrorClass == policy.ClassClientCancel || prim.ErrorClass == policy.ClassShutdown || j.faulted {
 		// Nothing fair to compare: the primary did not run to its end, or chaos acted on it.
 		mr.incomplete.Add(1)
 		return
@@ -666,11 +666,11 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	st := sh.srv.state.Load()
 	cl := st.clusters[clusterName]
 	if cl == nil {
-		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: classNoEndpoint}, 0
+		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: policy.ClassNoEndpoint}, 0
 	}
 	ep, err := cl.Pick(nil)
 	if err != nil {
-		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: classNoEndpoint}, 0
+		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: policy.ClassNoEndpoint}, 0
 	}
 	ep.Begin()
 	defer ep.End()
@@ -690,7 +690,7 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	base := strings.TrimSuffix(ep.URL().String(), "/")
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base+j.path, bytes.NewReader(body))
 	if err != nil {
-		return shadow.Answer{Status: http.StatusBadGateway, ErrorClass: classUpstreamError}, 0
+		return shadow.Answer{Status: http.StatusBadGateway, ErrorClass: policy.ClassUpstreamError}, 0
 	}
 	out.Header = j.header.Clone()
 	out.Header.Set("X-Sluice-Mirror", role)
@@ -709,9 +709,9 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	tap.Start = time.Now()
 	resp, err := roundTrip(ctx, at, cl, out)
 	if err != nil {
-		a = shadow.Answer{Status: http.StatusBadGateway, ErrorClass: classConnect}
+		a = shadow.Answer{Status: http.StatusBadGateway, ErrorClass: policy.ClassConnect}
 		if ctx.Err() != nil {
-			a = shadow.Answer{Status: http.StatusGatewayTimeout, ErrorClass: classTimeout}
+			a = shadow.Answer{Status: http.StatusGatewayTimeout, ErrorClass: policy.ClassTimeout}
 		}
 		return a, load
 	}
@@ -751,9 +751,9 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	switch {
 	case a.ErrorClass != "":
 	case cut && ctx.Err() != nil:
-		a.ErrorClass = classTimeout
+		a.ErrorClass = policy.ClassTimeout
 	case cut:
-		a.ErrorClass = classStreamCut
+		a.ErrorClass = policy.ClassStreamCut
 	case perr != nil && !capt.truncated:
 		a.ErrorClass = "unparsed"
 	}

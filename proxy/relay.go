@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
@@ -211,11 +212,11 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		ep.Report(true)
 		return
 	}
-	class := classStreamCut
+	class := policy.ClassStreamCut
 	if ctx.Err() != nil {
 		class = causeClass(ctx)
 	}
-	if class == classClientCancel {
+	if class == policy.ClassClientCancel {
 		res.class, res.status = class, statusClientClosed
 		return
 	}
@@ -230,18 +231,18 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	switch {
 	case errors.Is(err, errUpstreamStreamError):
 		ep.Report(false)
-		res.class = classStreamError
-		e = openai.NewError(http.StatusBadGateway, "server_error", classStreamError, "the model server reported an error in the stream")
-	case class == classStreamCut && errors.Is(err, openai.ErrEventTooLarge):
+		res.class = policy.ClassStreamError
+		e = openai.NewError(http.StatusBadGateway, "server_error", policy.ClassStreamError, "the model server reported an error in the stream")
+	case class == policy.ClassStreamCut && errors.Is(err, openai.ErrEventTooLarge):
 		// The gateway's own bound, not an endpoint failure: do not report it.
 		e = eventTooLarge(err)
-		res.class = classUpstreamError
+		res.class = policy.ClassUpstreamError
 	default:
-		if class == classStreamCut || class == classIdleTimeout {
+		if class == policy.ClassStreamCut || class == policy.ClassIdleTimeout {
 			ep.Report(false)
 		}
 		e = classError(class, 0)
-		if class == classStreamCut && errors.Is(err, errMalformedEvent) {
+		if class == policy.ClassStreamCut && errors.Is(err, errMalformedEvent) {
 			e = malformedError()
 		}
 	}
@@ -345,7 +346,7 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 			// The headers came and the body broke (short, bad chunking, reset): the server
 			// answered and may have done the work; not a connection failure.
 			ep.Report(false)
-			res.class, res.err = classUpstreamProtocol, protocolError(err)
+			res.class, res.err = policy.ClassUpstreamProtocol, protocolError(err)
 			res.status, res.retryable = res.err.Status, true
 			return
 		}
@@ -355,7 +356,7 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 	if resp.StatusCode < 300 && complete {
 		if e := unpromisedBody(ex.preq.Request, resp, body); e != nil {
 			ep.Report(false)
-			res.class, res.err, res.status, res.retryable = classUpstreamMalformed, e, e.Status, true
+			res.class, res.err, res.status, res.retryable = policy.ClassUpstreamMalformed, e, e.Status, true
 			return
 		}
 	}
@@ -392,7 +393,7 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 			return
 		}
 		if rerr != nil {
-			res.class = classStreamCut
+			res.class = policy.ClassStreamCut
 			if ctx.Err() != nil {
 				res.class = causeClass(ctx)
 			}
@@ -409,30 +410,30 @@ func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstre
 	case errors.Is(err, openai.ErrEventTooLarge):
 		// The first event is over the gateway's bound: the endpoint answered, nothing to
 		// report against it, and it is not a connection failure.
-		res.class = classUpstreamError
+		res.class = policy.ClassUpstreamError
 		res.err = eventTooLarge(err)
 		res.status = res.err.Status
 		res.retryable = true
 		return
 	case errors.Is(err, errMalformedEvent):
 		ep.Report(false)
-		res.class, res.err = classStreamCut, malformedError()
+		res.class, res.err = policy.ClassStreamCut, malformedError()
 		res.status, res.retryable = res.err.Status, true
 		return
 	case errors.Is(err, io.EOF):
-		res.class = classEmptyResponse
+		res.class = policy.ClassEmptyResponse
 	default:
-		res.class = classConnect
+		res.class = policy.ClassConnect
 	}
-	if res.class == classConnect || res.class == classEmptyResponse {
+	if res.class == policy.ClassConnect || res.class == policy.ClassEmptyResponse {
 		ep.Report(false)
 	}
 	res.err = classError(res.class, 0)
 	res.status = res.err.Status
-	res.retryable = res.class != classClientCancel && res.class != classTimeout && res.class != classShutdown
-	if res.class == classPerTryTimeout {
-		res.class = classTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
-		res.err = classError(classPerTryTimeout, 0)
+	res.retryable = res.class != policy.ClassClientCancel && res.class != policy.ClassTimeout && res.class != policy.ClassShutdown
+	if res.class == policy.ClassPerTryTimeout {
+		res.class = policy.ClassTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
+		res.err = classError(policy.ClassPerTryTimeout, 0)
 		res.status = res.err.Status
 	}
 }
@@ -440,7 +441,7 @@ func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstre
 // protocolError is the error of an answer whose body broke off or was malformed after its
 // headers (a short body, bad chunking, a reset).
 func protocolError(err error) *openai.Error {
-	return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamProtocol,
+	return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamProtocol,
 		"the model server's answer broke off or was malformed: "+truncate(err.Error(), 200))
 }
 
@@ -449,7 +450,7 @@ func protocolError(err error) *openai.Error {
 // a streaming request, whole JSON for the JSON endpoints. nil when it is as promised.
 func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *openai.Error {
 	bad := func(why string) *openai.Error {
-		return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamMalformed, "the model server's answer was not in the promised shape: "+why)
+		return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamMalformed, "the model server's answer was not in the promised shape: "+why)
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return bad("Content-Encoding " + truncate(ce, 40) + ", which was not asked for")
@@ -468,7 +469,7 @@ func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *open
 
 // eventTooLarge is the error for an upstream SSE event over max_event_bytes.
 func eventTooLarge(err error) *openai.Error {
-	return openai.NewError(http.StatusBadGateway, "server_error", classUpstreamError, err.Error())
+	return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamError, err.Error())
 }
 
 // readBounded reads up to limit bytes, beating the watchdog on each read. complete is false

@@ -13,6 +13,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
@@ -120,8 +121,8 @@ func TestWatchdog(t *testing.T) {
 		if got := waitCause(t, ctx); !errors.Is(got, errTTFTTimeout) {
 			t.Fatalf("cause = %v, want errTTFTTimeout", got)
 		}
-		if c := causeClass(ctx); c != classTTFTTimeout {
-			t.Fatalf("class = %q, want %q", c, classTTFTTimeout)
+		if c := causeClass(ctx); c != policy.ClassTTFTTimeout {
+			t.Fatalf("class = %q, want %q", c, policy.ClassTTFTTimeout)
 		}
 	})
 	t.Run("silence after a beat is an idle time-out", func(t *testing.T) {
@@ -133,8 +134,8 @@ func TestWatchdog(t *testing.T) {
 		if got := waitCause(t, ctx); !errors.Is(got, errIdleTimeout) {
 			t.Fatalf("cause = %v, want errIdleTimeout", got)
 		}
-		if c := causeClass(ctx); c != classIdleTimeout {
-			t.Fatalf("class = %q, want %q", c, classIdleTimeout)
+		if c := causeClass(ctx); c != policy.ClassIdleTimeout {
+			t.Fatalf("class = %q, want %q", c, policy.ClassIdleTimeout)
 		}
 	})
 	t.Run("idle time-out without a TTFT time-out", func(t *testing.T) {
@@ -203,17 +204,17 @@ func TestClassError(t *testing.T) {
 		code       string
 		retryAfter time.Duration
 	}{
-		{classClientCancel, statusClientClosed, "invalid_request_error", classClientCancel, 0},
-		{classTTFTTimeout, http.StatusGatewayTimeout, "timeout_error", classTTFTTimeout, 0},
-		{classIdleTimeout, http.StatusGatewayTimeout, "timeout_error", classIdleTimeout, 0},
-		{classTimeout, http.StatusGatewayTimeout, "timeout_error", classTimeout, 0},
-		{classNoEndpoint, http.StatusServiceUnavailable, "server_error", classNoEndpoint, 3 * time.Second},
-		{classShutdown, http.StatusServiceUnavailable, "server_error", classShutdown, time.Second},
-		{classConnect, http.StatusBadGateway, "server_error", classConnect, 0},
-		{classStreamCut, http.StatusBadGateway, "server_error", classStreamCut, 0},
-		{classEmptyResponse, http.StatusBadGateway, "server_error", classEmptyResponse, 0},
-		{classUpstreamError, http.StatusBadGateway, "server_error", classUpstreamError, 0},
-		{"something-new", http.StatusBadGateway, "server_error", classUpstreamError, 0},
+		{policy.ClassClientCancel, statusClientClosed, "invalid_request_error", policy.ClassClientCancel, 0},
+		{policy.ClassTTFTTimeout, http.StatusGatewayTimeout, "timeout_error", policy.ClassTTFTTimeout, 0},
+		{policy.ClassIdleTimeout, http.StatusGatewayTimeout, "timeout_error", policy.ClassIdleTimeout, 0},
+		{policy.ClassTimeout, http.StatusGatewayTimeout, "timeout_error", policy.ClassTimeout, 0},
+		{policy.ClassNoEndpoint, http.StatusServiceUnavailable, "server_error", policy.ClassNoEndpoint, 3 * time.Second},
+		{policy.ClassShutdown, http.StatusServiceUnavailable, "server_error", policy.ClassShutdown, time.Second},
+		{policy.ClassConnect, http.StatusBadGateway, "server_error", policy.ClassConnect, 0},
+		{policy.ClassStreamCut, http.StatusBadGateway, "server_error", policy.ClassStreamCut, 0},
+		{policy.ClassEmptyResponse, http.StatusBadGateway, "server_error", policy.ClassEmptyResponse, 0},
+		{policy.ClassUpstreamError, http.StatusBadGateway, "server_error", policy.ClassUpstreamError, 0},
+		{"something-new", http.StatusBadGateway, "server_error", policy.ClassUpstreamError, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.class, func(t *testing.T) {
@@ -240,13 +241,13 @@ func TestCauseClass(t *testing.T) {
 		cause error
 		want  string
 	}{
-		{errTTFTTimeout, classTTFTTimeout},
-		{errIdleTimeout, classIdleTimeout},
-		{errTotalTimeout, classTimeout},
-		{errShutdown, classShutdown},
-		{errClientWrite, classClientCancel},
-		{nil, classClientCancel}, // plain cancel: the client went away
-		{context.DeadlineExceeded, classClientCancel},
+		{errTTFTTimeout, policy.ClassTTFTTimeout},
+		{errIdleTimeout, policy.ClassIdleTimeout},
+		{errTotalTimeout, policy.ClassTimeout},
+		{errShutdown, policy.ClassShutdown},
+		{errClientWrite, policy.ClassClientCancel},
+		{nil, policy.ClassClientCancel}, // plain cancel: the client went away
+		{context.DeadlineExceeded, policy.ClassClientCancel},
 	}
 	for _, tt := range tests {
 		ctx, cancel := context.WithCancelCause(context.Background())
@@ -260,14 +261,14 @@ func TestCauseClass(t *testing.T) {
 	child, cancelChild := context.WithCancelCause(parent)
 	defer cancelChild(nil)
 	cancelParent(errShutdown)
-	if got := causeClass(child); got != classShutdown {
-		t.Errorf("child of a shut-down parent: %q, want %q", got, classShutdown)
+	if got := causeClass(child); got != policy.ClassShutdown {
+		t.Errorf("child of a shut-down parent: %q, want %q", got, policy.ClassShutdown)
 	}
-	if got := transportClass(context.Background()); got != classConnect {
-		t.Errorf("transportClass(live ctx) = %q, want %q", got, classConnect)
+	if got := transportClass(context.Background()); got != policy.ClassConnect {
+		t.Errorf("transportClass(live ctx) = %q, want %q", got, policy.ClassConnect)
 	}
-	if got := transportClass(child); got != classShutdown {
-		t.Errorf("transportClass(shut-down ctx) = %q, want %q", got, classShutdown)
+	if got := transportClass(child); got != policy.ClassShutdown {
+		t.Errorf("transportClass(shut-down ctx) = %q, want %q", got, policy.ClassShutdown)
 	}
 }
 
@@ -334,11 +335,11 @@ func TestFailBeforeFirstByte(t *testing.T) {
 		retryable bool
 		reported  bool // counted against the endpoint
 	}{
-		{"closed without an answer", context.Background(), io.EOF, classEmptyResponse, 502, true, true},
-		{"broken connection", context.Background(), io.ErrUnexpectedEOF, classConnect, 502, true, true},
-		{"event over the gateway's bound", context.Background(), openai.ErrEventTooLarge, classUpstreamError, 502, true, false},
-		{"client gone", gone, context.Canceled, classClientCancel, statusClientClosed, false, false},
-		{"drain deadline", shutdown, context.Canceled, classShutdown, 503, false, false},
+		{"closed without an answer", context.Background(), io.EOF, policy.ClassEmptyResponse, 502, true, true},
+		{"broken connection", context.Background(), io.ErrUnexpectedEOF, policy.ClassConnect, 502, true, true},
+		{"event over the gateway's bound", context.Background(), openai.ErrEventTooLarge, policy.ClassUpstreamError, 502, true, false},
+		{"client gone", gone, context.Canceled, policy.ClassClientCancel, statusClientClosed, false, false},
+		{"drain deadline", shutdown, context.Canceled, policy.ClassShutdown, 503, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,6 +3,8 @@ package route
 import (
 	"testing"
 	"time"
+
+	"github.com/sluicegw/sluice/policy"
 )
 
 // waitState polls the cluster's breaker until it reports want (bounded).
@@ -122,17 +124,17 @@ func TestBreakerExcludedDoNotCount(t *testing.T) {
 		{"", 200, false, false},
 		{"", 503, true, false},
 		{"", 404, false, true},
-		{ClassConnect, 502, true, false},
-		{ClassUpstream5xx, 500, true, false},
-		{ClassTTFTTimeout, 504, true, false},
-		{ClassStreamCut, 502, true, false},
-		{ClassIdleTimeout, 504, true, false},
-		{ClassEmptyResponse, 502, true, false},
-		{ClassClientCancel, 499, false, true},
-		{ClassUpstream4xx, 400, false, true},
-		{ClassUpstream429, 429, false, true},
-		{ClassTimeout, 504, false, true},
-		{ClassShutdown, 503, false, true},
+		{policy.ClassConnect, 502, true, false},
+		{policy.ClassUpstream5xx, 500, true, false},
+		{policy.ClassTTFTTimeout, 504, true, false},
+		{policy.ClassStreamCut, 502, true, false},
+		{policy.ClassIdleTimeout, 504, true, false},
+		{policy.ClassEmptyResponse, 502, true, false},
+		{policy.ClassClientCancel, 499, false, true},
+		{policy.ClassUpstream4xx, 400, false, true},
+		{policy.ClassUpstream429, 429, false, true},
+		{policy.ClassTimeout, 504, false, true},
+		{policy.ClassShutdown, 503, false, true},
 		{"weird", 418, false, true},
 		{"weird", 502, true, false},
 	} {
@@ -142,7 +144,7 @@ func TestBreakerExcludedDoNotCount(t *testing.T) {
 		}
 	}
 	// A contract mismatch counts against the cluster.
-	if f, e := Verdict(ClassUpstream4xx, 400, "unsupported_parameter", []Contract{{Status: 400, Code: "unsupported_parameter"}}); !f || e {
+	if f, e := Verdict(policy.ClassUpstream4xx, 400, "unsupported_parameter", []Contract{{Status: 400, Code: "unsupported_parameter"}}); !f || e {
 		t.Errorf("contract mismatch verdict %v %v, want failed", f, e)
 	}
 }

@@ -6,27 +6,6 @@ import (
 	"github.com/sluicegw/sluice/policy"
 )
 
-// The gateway's error classes (proxy/errors.go) that this package maps, repeated here because
-// the proxy's constants are unexported. Keep the two lists in step.
-const (
-	ClassClientCancel      = "client_cancel"
-	ClassTTFTTimeout       = "ttft_timeout"
-	ClassIdleTimeout       = "idle_timeout"
-	ClassTimeout           = "timeout"
-	ClassConnect           = "connect"
-	ClassNoEndpoint        = "no_endpoint"
-	ClassUpstream5xx       = "upstream_5xx"
-	ClassUpstream429       = "upstream_429"
-	ClassUpstream4xx       = "upstream_4xx"
-	ClassStreamCut         = "stream_cut"
-	ClassStreamError       = "stream_error"
-	ClassEmptyResponse     = "upstream_empty"
-	ClassShutdown          = "shutdown"
-	ClassUpstreamError     = "upstream_error"
-	ClassUpstreamProtocol  = "upstream_protocol"
-	ClassUpstreamMalformed = "upstream_malformed"
-)
-
 // Moves reports whether the failure condition cond moves a request past candidate c to the
 // next candidate of its plan: c.On contains it, or, when c.On is nil, policy.DefaultOn does.
 func Moves(c policy.Candidate, cond string) bool {
@@ -55,21 +34,21 @@ func ConditionOf(class string, status int, errCode string, contracts []Contract)
 		}
 	}
 	switch class {
-	case ClassConnect, ClassEmptyResponse:
+	case policy.ClassConnect, policy.ClassEmptyResponse:
 		// An empty answer (the server closed without answering) is retried like a
 		// connection failure: nothing reached the client.
 		return policy.CondConnect
-	case ClassTTFTTimeout:
+	case policy.ClassTTFTTimeout:
 		return policy.CondTTFTTimeout
-	case ClassNoEndpoint:
+	case policy.ClassNoEndpoint:
 		return policy.CondNoEndpoint
-	case ClassUpstream5xx, ClassUpstreamProtocol, ClassUpstreamMalformed:
+	case policy.ClassUpstream5xx, policy.ClassUpstreamProtocol, policy.ClassUpstreamMalformed:
 		// A server that answered badly is treated as one that answered 5xx: it was reached
 		// and may have done the work, so it is not retried at once as a connection failure is.
 		return policy.Cond5xx
-	case ClassUpstream429:
+	case policy.ClassUpstream429:
 		return policy.Cond429
-	case ClassStreamCut, ClassIdleTimeout, ClassStreamError:
+	case policy.ClassStreamCut, policy.ClassIdleTimeout, policy.ClassStreamError:
 		return policy.CondStreamCut
 	case policy.CondBreakerOpen, policy.CondOverload, policy.CondContract:
 		return class
@@ -105,11 +84,11 @@ func Verdict(class string, status int, errCode string, contracts []Contract) (fa
 			return false, true
 		}
 		return false, false
-	case ClassConnect, ClassEmptyResponse, ClassUpstream5xx, ClassTTFTTimeout,
-		ClassStreamCut, ClassIdleTimeout, ClassStreamError, ClassUpstreamError, ClassUpstreamProtocol, ClassUpstreamMalformed:
+	case policy.ClassConnect, policy.ClassEmptyResponse, policy.ClassUpstream5xx, policy.ClassTTFTTimeout,
+		policy.ClassStreamCut, policy.ClassIdleTimeout, policy.ClassStreamError, policy.ClassUpstreamError, policy.ClassUpstreamProtocol, policy.ClassUpstreamMalformed:
 		return true, false
-	case ClassClientCancel, ClassTimeout, ClassShutdown, ClassUpstream4xx, ClassUpstream429,
-		ClassNoEndpoint, policy.CondBreakerOpen, policy.CondOverload:
+	case policy.ClassClientCancel, policy.ClassTimeout, policy.ClassShutdown, policy.ClassUpstream4xx, policy.ClassUpstream429,
+		policy.ClassNoEndpoint, policy.CondBreakerOpen, policy.CondOverload:
 		return false, true
 	}
 	is5xx := status >= 500 && status <= 599
