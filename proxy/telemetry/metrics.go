@@ -171,6 +171,10 @@ func (in *instruments) init(m metric.Meter) error {
 
 	in.reloadOK = addOpts(attribute.NewSet(keyResult.String("ok")))
 	in.reloadErr = addOpts(attribute.NewSet(keyResult.String("error")))
+	// Both series exist from the start at 0, so that the first failed reload is an increase
+	// (an alert on increase() never sees a series that appears at 1).
+	in.reloads.Add(context.Background(), 0, in.reloadOK...)
+	in.reloads.Add(context.Background(), 0, in.reloadErr...)
 
 	in.reqCache.build = buildRecordOpts(in)
 	in.inFlightCache.build = func(route string) []metric.AddOption {

@@ -354,6 +354,13 @@ func TestInFlightAndConfigInfo(t *testing.T) {
 	if _, ok := fams["sluice_config_last_reload_success_timestamp_seconds"]; ok {
 		t.Error("last reload success exported before any success")
 	}
+	// Before any reload both reload series are there at 0: the first failure is an increase.
+	for _, result := range []string{"ok", "error"} {
+		m := find(fams["sluice_config_reloads_total"], map[string]string{"result": result})
+		if m == nil || m.GetCounter().GetValue() != 0 {
+			t.Errorf("sluice_config_reloads_total{result=%q} before any reload: %v, want 0", result, m)
+		}
+	}
 }
 
 const (
