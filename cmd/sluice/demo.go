@@ -66,27 +66,12 @@ Flags:
 		return err
 	}
 
-	// Two model servers: a larger model that slows down as its batch grows, and a small fast one.
-	primary, err := startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 40 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
-		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, Seed: 1})
+	sims, err := startDemoSims()
 	if err != nil {
 		return err
 	}
-	defer primary.stop()
-	// The fallback serves the same model, so a stream resumed there reads as the uncut one.
-	fallback, err := startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 40 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
-		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, Seed: 3})
-	if err != nil {
-		return err
-	}
-	defer fallback.stop()
-	small, err := startSim(sim.Config{Model: "qwen-small-sim", TTFT: 15 * time.Millisecond, ITL: 3 * time.Millisecond,
-		MaxRunning: 16, Seed: 2})
-	if err != nil {
-		return err
-	}
-	defer small.stop()
-
+	defer sims.stop()
+	primary, fallback, small := sims.primary, sims.fallback, sims.small
 	addrs := map[string]string{"Primary": primary.addr, "Fallback": fallback.addr, "Small": small.addr}
 	cfg, err := demoConfigFor(addrs)
 	if err != nil {
@@ -113,60 +98,10 @@ Flags:
 	fmt.Fprintf(stdout, "sluice demo: gateway on http://%s (admin http://%s)\n", srv.Addr(), srv.AdminAddr())
 	fmt.Fprintf(stdout, "  simulators: llama-3-8b-sim on %s (fallback %s), qwen-small-sim on %s\n", primary.addr, fallback.addr, small.addr)
 
-	// The workload is the load injector's (test/load): multi-turn sessions, each turn carrying
-	// the whole history and a [[mem:...]] marker that later answers must repeat (the
-	// simulators echo every marker they see, so any loss is the gateway's doing). One run per
-	// route, side by side, so each route reports on its own.
-	nTurns := min(*turns, *requests)
-	sessions := (*requests + nTurns - 1) / nTurns
-	routes := []demoRoute{{route: "chat-llama", model: "llama-3-8b-sim"}, {route: "chat-small", model: "small"}}
-	if sessions < len(routes) {
-		routes = routes[:sessions]
-	}
-	for i := range routes {
-		routes[i].sessions = sessions / len(routes)
-		if i < sessions%len(routes) {
-			routes[i].sessions++
-		}
-	}
-	fmt.Fprintf(stdout, "  workload: %d multi-turn sessions × %d turns (%d streaming chat requests), %d sessions at a time, max_tokens %d, SLO %s, sluice load injector\n\n",
-		sessions, nTurns, sessions*nTurns, *concurrency, *maxTokens, *slo)
-
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range routes {
-		r := &routes[i]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sp, err := load.ParseSessions(fmt.Sprintf("n=%d,turns=%d,in=uniform:40:120,out=fixed:%d,think=gamma:2:10ms", r.sessions, nTurns, *maxTokens))
-			if err != nil {
-				r.err = err
-				return
-			}
-			r.report, r.err = load.Run(ctx, load.Config{
-				Target: "http://" + srv.Addr(), Model: r.model, APIKey: "sk-demo", Workload: &load.Workload{Sessions: sp},
-				Concurrency: max(1, *concurrency/len(routes)), SLO: sloLimits, Seed: uint64(i + 1), Timeout: 30 * time.Second,
-			})
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	var reps []*load.Report
-	for _, r := range routes {
-		if r.report == nil {
-			return fmt.Errorf("%s: %w", r.route, r.err)
-		}
-		reps = append(reps, r.report)
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	all, err := load.Merge(reps...)
+	sessions, nTurns, err := demoWorkload(ctx, stdout, srv, *requests, *turns, *concurrency, *maxTokens, *slo, sloLimits)
 	if err != nil {
 		return err
 	}
-	printDemo(stdout, routes, all, elapsed)
 	if *chaosPhase {
 		if err := demoChaos(ctx, stdout, srv, sessions, nTurns, *concurrency, *maxTokens, sloLimits); err != nil {
 			return err
@@ -179,6 +114,104 @@ Flags:
 	}
 	fmt.Fprintf(stdout, "\nmetrics: http://%s/metrics was live during the run; try `sluice serve --upstream URL` and `sluice load --target URL` next.\n", srv.AdminAddr())
 	return nil
+}
+
+// demoSims are the demo's model servers: a larger model that slows down as its batch grows,
+// its fallback, and a small fast one.
+type demoSims struct{ primary, fallback, small *runningSim }
+
+func (d *demoSims) stop() {
+	for _, r := range []*runningSim{d.primary, d.fallback, d.small} {
+		if r != nil {
+			r.stop()
+		}
+	}
+}
+
+// startDemoSims starts the three simulators on free loopback ports.
+func startDemoSims() (d *demoSims, err error) {
+	d = &demoSims{}
+	defer func() {
+		if err != nil {
+			d.stop()
+		}
+	}()
+	if d.primary, err = startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 40 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
+		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, Seed: 1}); err != nil {
+		return nil, err
+	}
+	// The fallback serves the same model, so a stream resumed there reads as the uncut one.
+	if d.fallback, err = startSim(sim.Config{Model: "llama-3-8b-sim", TTFT: 40 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond,
+		ITL: 8 * time.Millisecond, ITLPerRunning: 500 * time.Microsecond, MaxRunning: 8, Seed: 3}); err != nil {
+		return nil, err
+	}
+	if d.small, err = startSim(sim.Config{Model: "qwen-small-sim", TTFT: 15 * time.Millisecond, ITL: 3 * time.Millisecond,
+		MaxRunning: 16, Seed: 2}); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// demoWorkload is the demo's first phase: the load injector's multi-turn sessions through
+// each route, side by side, and the per-route results. It returns the sessions and turns it
+// ran, which the chaos phase repeats.
+func demoWorkload(ctx context.Context, stdout io.Writer, srv *proxy.Server, requests, turns, concurrency, maxTokens int,
+	slo string, sloLimits load.SLO) (sessions, nTurns int, err error) {
+	// The workload is the load injector's (test/load): multi-turn sessions, each turn carrying
+	// the whole history and a [[mem:...]] marker that later answers must repeat (the
+	// simulators echo every marker they see, so any loss is the gateway's doing). One run per
+	// route, side by side, so each route reports on its own.
+	nTurns = min(turns, requests)
+	sessions = (requests + nTurns - 1) / nTurns
+	routes := []demoRoute{{route: "chat-llama", model: "llama-3-8b-sim"}, {route: "chat-small", model: "small"}}
+	if sessions < len(routes) {
+		routes = routes[:sessions]
+	}
+	for i := range routes {
+		routes[i].sessions = sessions / len(routes)
+		if i < sessions%len(routes) {
+			routes[i].sessions++
+		}
+	}
+	fmt.Fprintf(stdout, "  workload: %d multi-turn sessions × %d turns (%d streaming chat requests), %d sessions at a time, max_tokens %d, SLO %s, sluice load injector\n\n",
+		sessions, nTurns, sessions*nTurns, concurrency, maxTokens, slo)
+
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range routes {
+		r := &routes[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sp, err := load.ParseSessions(fmt.Sprintf("n=%d,turns=%d,in=uniform:40:120,out=fixed:%d,think=gamma:2:10ms", r.sessions, nTurns, maxTokens))
+			if err != nil {
+				r.err = err
+				return
+			}
+			r.report, r.err = load.Run(ctx, load.Config{
+				Target: "http://" + srv.Addr(), Model: r.model, APIKey: "sk-demo", Workload: &load.Workload{Sessions: sp},
+				Concurrency: max(1, concurrency/len(routes)), SLO: sloLimits, Seed: uint64(i + 1), Timeout: 30 * time.Second,
+			})
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	var reps []*load.Report
+	for _, r := range routes {
+		if r.report == nil {
+			return 0, 0, fmt.Errorf("%s: %w", r.route, r.err)
+		}
+		reps = append(reps, r.report)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	all, err := load.Merge(reps...)
+	if err != nil {
+		return 0, 0, err
+	}
+	printDemo(stdout, routes, all, elapsed)
+	return sessions, nTurns, nil
 }
 
 // demoConfigFor renders the embedded config with the simulators' addresses.
