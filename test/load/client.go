@@ -1,7 +1,6 @@
 package load
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // Message is a chat message.
@@ -215,38 +216,41 @@ func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
 		text.WriteString(t)
 		completed = true
 	} else {
-		br := bufio.NewReaderSize(resp.Body, 32<<10)
-		isErrEvent := false
+		// The project's SSE reader (proxy/openai): events split on blank lines, several
+		// data: lines joined, comments and CR line endings as the spec has them.
+		rd := openai.NewReader(resp.Body, maxEvent)
 		tokens := 0
 	read:
 		for {
-			line, err := readLine(br)
+			sse, err := rd.Next()
 			if err != nil {
-				if !errors.Is(err, io.EOF) && res.Class == ErrNone && !(res.Aborted) {
+				switch {
+				case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+					// The end, clean or mid-event: judged below (truncated without a finish).
+				case errors.Is(err, openai.ErrEventTooLarge):
+					res.Class, res.Err = ErrStream, err.Error()
+				case res.Class == ErrNone && !res.Aborted:
 					res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
 				}
 				break
 			}
-			if strings.HasPrefix(line, "event:") {
-				isErrEvent = strings.TrimSpace(line[6:]) == "error"
-				continue
-			}
-			if !strings.HasPrefix(line, "data:") {
-				continue
+			if sse.Data == nil {
+				continue // a comment, or an event without data
 			}
 			at := time.Since(res.Sent)
-			data := strings.TrimSpace(line[5:])
-			if data == "[DONE]" {
+			if sse.IsDone() {
 				completed = true
 				break
 			}
+			data := sse.Data
+			isErrEvent := string(sse.Name) == "error"
 			var ch chunk
-			if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			if err := json.Unmarshal(data, &ch); err != nil {
 				res.Class, res.Err = ErrStream, "bad SSE data: "+err.Error()
 				break
 			}
 			if isErrEvent || len(ch.Error) > 0 {
-				res.Class, res.Err = ErrStream, errMessage([]byte(data))
+				res.Class, res.Err = ErrStream, errMessage(data)
 				break
 			}
 			ev := Event{At: at, Usage: -1}
@@ -308,29 +312,9 @@ func (e *engine) count(s string) int {
 	return estimateTokens(s)
 }
 
-// readLine reads one line (any length up to 16 MiB) without its line ending.
-func readLine(br *bufio.Reader) (string, error) {
-	var buf []byte
-	for {
-		frag, err := br.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			buf = append(buf, frag...)
-			if len(buf) > 16<<20 {
-				return "", errors.New("SSE line longer than 16 MiB")
-			}
-			continue
-		}
-		if err != nil {
-			if len(frag)+len(buf) > 0 && err == io.EOF {
-				buf = append(buf, frag...)
-				return strings.TrimRight(string(buf), "\r\n"), nil
-			}
-			return "", err
-		}
-		buf = append(buf, frag...)
-		return strings.TrimRight(string(buf), "\r\n"), nil
-	}
-}
+// maxEvent bounds one SSE event of an answer (16 MiB: a tool call's arguments, or a whole
+// answer in one event, fit).
+const maxEvent = 16 << 20
 
 func classifyErr(run, req context.Context, err error) string {
 	var ne net.Error
