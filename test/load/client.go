@@ -192,95 +192,15 @@ func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
 		}
 		return res
 	}
-	var events []Event
-	var text strings.Builder
-	final := -1
-	completed := false
+	a := answer{final: -1}
 	if !stream {
-		raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		at := time.Since(res.Sent)
-		if err != nil {
-			res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
+		if !e.readBody(ctx, rctx, resp.Body, res, &a) {
 			return res
 		}
-		var ch chunk
-		if err := json.Unmarshal(raw, &ch); err != nil {
-			res.Class, res.Err = ErrStream, "bad JSON answer: "+err.Error()
-			return res
-		}
-		t := ch.text()
-		if ch.Usage != nil {
-			final = ch.Usage.CompletionTokens
-		}
-		events = append(events, Event{At: at, Content: t != "", Tokens: max(e.count(t), 1), Usage: -1})
-		text.WriteString(t)
-		completed = true
 	} else {
-		// The project's SSE reader (proxy/openai): events split on blank lines, several
-		// data: lines joined, comments and CR line endings as the spec has them.
-		rd := openai.NewReader(resp.Body, maxEvent)
-		tokens := 0
-	read:
-		for {
-			sse, err := rd.Next()
-			if err != nil {
-				switch {
-				case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-					// The end, clean or mid-event: judged below (truncated without a finish).
-				case errors.Is(err, openai.ErrEventTooLarge):
-					res.Class, res.Err = ErrStream, err.Error()
-				case res.Class == ErrNone && !res.Aborted:
-					res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
-				}
-				break
-			}
-			if sse.Data == nil {
-				continue // a comment, or an event without data
-			}
-			at := time.Since(res.Sent)
-			if sse.IsDone() {
-				completed = true
-				break
-			}
-			data := sse.Data
-			isErrEvent := string(sse.Name) == "error"
-			var ch chunk
-			if err := json.Unmarshal(data, &ch); err != nil {
-				res.Class, res.Err = ErrStream, "bad SSE data: "+err.Error()
-				break
-			}
-			if isErrEvent || len(ch.Error) > 0 {
-				res.Class, res.Err = ErrStream, errMessage(data)
-				break
-			}
-			ev := Event{At: at, Usage: -1}
-			if ch.Usage != nil {
-				final = ch.Usage.CompletionTokens
-				ev.Usage = final
-			}
-			if t := ch.text(); t != "" {
-				ev.Content = true
-				ev.Tokens = max(e.count(t), 1)
-				if c.keepText {
-					text.WriteString(t)
-				}
-				if ev.Usage >= 0 {
-					tokens = ev.Usage
-				} else {
-					tokens += ev.Tokens
-				}
-			}
-			if ch.finished() {
-				completed = true // [DONE] may still follow with usage
-			}
-			events = append(events, ev)
-			if c.abortAt > 0 && tokens >= c.abortAt {
-				res.Aborted = true
-				cancel()
-				break read
-			}
-		}
+		e.readStream(ctx, rctx, cancel, c, resp.Body, res, &a)
 	}
+	events, text, final, completed := a.events, &a.text, a.final, a.completed
 	if !res.Aborted && !completed && res.Class == ErrNone {
 		res.Class, res.Err = ErrTruncated, "stream ended without a finish_reason or [DONE]"
 	}
@@ -303,6 +223,108 @@ func (e *engine) do(ctx context.Context, c *call, scheduled time.Time) *Result {
 		}
 	}
 	return res
+}
+
+// answer is what was read of a 200 answer: its events, its text (kept when the call asks),
+// the usage's completion tokens at the end (-1: none) and whether it finished.
+type answer struct {
+	events    []Event
+	text      strings.Builder
+	final     int
+	completed bool
+}
+
+// readBody reads a non-streaming answer into a; false when it failed (res says why) and
+// there is nothing to measure.
+func (e *engine) readBody(ctx, rctx context.Context, body io.Reader, res *Result, a *answer) bool {
+	raw, err := io.ReadAll(io.LimitReader(body, 64<<20))
+	at := time.Since(res.Sent)
+	if err != nil {
+		res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
+		return false
+	}
+	var ch chunk
+	if err := json.Unmarshal(raw, &ch); err != nil {
+		res.Class, res.Err = ErrStream, "bad JSON answer: "+err.Error()
+		return false
+	}
+	t := ch.text()
+	if ch.Usage != nil {
+		a.final = ch.Usage.CompletionTokens
+	}
+	a.events = append(a.events, Event{At: at, Content: t != "", Tokens: max(e.count(t), 1), Usage: -1})
+	a.text.WriteString(t)
+	a.completed = true
+	return true
+}
+
+// readStream reads an SSE answer into a, event by event, aborting it (cancel) where the call
+// asks; a failure is recorded in res.
+func (e *engine) readStream(ctx, rctx context.Context, cancel context.CancelFunc, c *call, body io.Reader, res *Result, a *answer) {
+	// The project's SSE reader (proxy/openai): events split on blank lines, several
+	// data: lines joined, comments and CR line endings as the spec has them.
+	rd := openai.NewReader(body, maxEvent)
+	tokens := 0
+read:
+	for {
+		sse, err := rd.Next()
+		if err != nil {
+			switch {
+			case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+				// The end, clean or mid-event: judged below (truncated without a finish).
+			case errors.Is(err, openai.ErrEventTooLarge):
+				res.Class, res.Err = ErrStream, err.Error()
+			case res.Class == ErrNone && !res.Aborted:
+				res.Class, res.Err = classifyErr(ctx, rctx, err), err.Error()
+			}
+			break
+		}
+		if sse.Data == nil {
+			continue // a comment, or an event without data
+		}
+		at := time.Since(res.Sent)
+		if sse.IsDone() {
+			a.completed = true
+			break
+		}
+		data := sse.Data
+		isErrEvent := string(sse.Name) == "error"
+		var ch chunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			res.Class, res.Err = ErrStream, "bad SSE data: "+err.Error()
+			break
+		}
+		if isErrEvent || len(ch.Error) > 0 {
+			res.Class, res.Err = ErrStream, errMessage(data)
+			break
+		}
+		ev := Event{At: at, Usage: -1}
+		if ch.Usage != nil {
+			a.final = ch.Usage.CompletionTokens
+			ev.Usage = a.final
+		}
+		if t := ch.text(); t != "" {
+			ev.Content = true
+			ev.Tokens = max(e.count(t), 1)
+			if c.keepText {
+				a.text.WriteString(t)
+			}
+			if ev.Usage >= 0 {
+				tokens = ev.Usage
+			} else {
+				tokens += ev.Tokens
+			}
+		}
+		if ch.finished() {
+			a.completed = true // [DONE] may still follow with usage
+		}
+		a.events = append(a.events, ev)
+		if c.abortAt > 0 && tokens >= c.abortAt {
+			res.Aborted = true
+			cancel()
+			break read
+		}
+	}
 }
 
 func (e *engine) count(s string) int {
