@@ -960,17 +960,15 @@ func NewAccumulator(window int) *Accumulator {
 	return a
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
 func addLatency(r *ring[float64], d time.Duration) {
 	if d > 0 {
-		r.add(ms(d))
+		r.add(durMS(d))
 	}
 }
 
 func addPair(r *ring[[2]float64], b, c time.Duration) {
 	if b > 0 && c > 0 {
-		r.add([2]float64{ms(b), ms(c)})
+		r.add([2]float64{durMS(b), durMS(c)})
 	}
 }
 

@@ -317,22 +317,10 @@ func PairedRatio(x, y []float64, conf float64, seed uint64, resamples int) (Rati
 		return RatioResult{}, errors.New("shadow: confidence level must be in (0, 1)")
 	}
 	n := len(x)
-	resamples = resampleCount(resamples, n)
-
-	ox, oy := sortedOrder(x), sortedOrder(y)
-	r := RatioResult{N: n, Conf: conf, Resamples: resamples}
-	r.MedianX = midpoint(x[ox[(n-1)/2]], x[ox[n/2]])
-	r.MedianY = midpoint(y[oy[(n-1)/2]], y[oy[n/2]])
+	r, ox, oy, pr := pairedMedians(x, y, conf)
+	r.Resamples = resampleCount(resamples, n)
+	resamples = r.Resamples
 	r.Ratio = r.MedianY / r.MedianX
-
-	pr := make([]float64, n)
-	for i := range x {
-		pr[i] = y[i] / x[i]
-	}
-	slices.Sort(pr)
-	r.PairRatio = midpoint(pr[(n-1)/2], pr[n/2])
-	k := signRank(n, conf)
-	r.PairLo, r.PairHi = pr[k], pr[n-1-k]
 
 	counts := make([]int32, n) // counts[i]: how often the resample drew pair i
 	hd := newHDWeights(n)
@@ -350,9 +338,30 @@ func PairedRatio(x, y []float64, conf float64, seed uint64, resamples int) (Rati
 		ratios = append(ratios, hd.median(y, oy, counts)/hd.median(x, ox, counts))
 	}
 	slices.Sort(ratios)
-	r.Lo = quantileSorted(ratios, (1-conf)/2)
-	r.Hi = quantileSorted(ratios, (1+conf)/2)
+	r.Lo = quantile(ratios, (1-conf)/2)
+	r.Hi = quantile(ratios, (1+conf)/2)
 	return r, nil
+}
+
+// pairedMedians is PairedRatio without the bootstrap: both medians, the median of the
+// per-pair ratios and its distribution-free interval (what the verdict uses), plus the sort
+// orders of x and y and the sorted ratios, which the bootstrap goes on with. x and y are
+// checked pairs.
+func pairedMedians(x, y []float64, conf float64) (r RatioResult, ox, oy []int32, pr []float64) {
+	n := len(x)
+	ox, oy = sortedOrder(x), sortedOrder(y)
+	r = RatioResult{N: n, Conf: conf}
+	r.MedianX = midpoint(x[ox[(n-1)/2]], x[ox[n/2]])
+	r.MedianY = midpoint(y[oy[(n-1)/2]], y[oy[n/2]])
+	pr = make([]float64, n)
+	for i := range x {
+		pr[i] = y[i] / x[i]
+	}
+	slices.Sort(pr)
+	r.PairRatio = midpoint(pr[(n-1)/2], pr[n/2])
+	k := signRank(n, conf)
+	r.PairLo, r.PairHi = pr[k], pr[n-1-k]
+	return r, ox, oy, pr
 }
 
 // signRank returns k for the distribution-free confidence interval
@@ -399,17 +408,6 @@ func midpoint(a, b float64) float64 {
 		return a
 	}
 	return (a + b) / 2
-}
-
-// quantileSorted is the q-quantile of ascending s, interpolating linearly
-// between order statistics (R's type 7).
-func quantileSorted(s []float64, q float64) float64 {
-	h := q * float64(len(s)-1)
-	i := int(h)
-	if i >= len(s)-1 {
-		return s[len(s)-1]
-	}
-	return s[i] + (h-float64(i))*(s[i+1]-s[i])
 }
 
 // splitMix64 is Steele, Lea and Flood's SplitMix64 generator, kept here so

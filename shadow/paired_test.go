@@ -479,14 +479,14 @@ func TestBetaInc(t *testing.T) {
 	}
 }
 
-func TestQuantileSorted(t *testing.T) {
+func TestQuantile(t *testing.T) {
 	s := []float64{1, 2, 3, 4, 5}
 	for _, tt := range []struct{ q, want float64 }{{0, 1}, {1, 5}, {0.5, 3}, {0.125, 1.5}, {0.025, 1.1}} {
-		if got := quantileSorted(s, tt.q); !near(got, tt.want, 1e-12) {
+		if got := quantile(s, tt.q); !near(got, tt.want, 1e-12) {
 			t.Errorf("q=%v: %v want %v", tt.q, got, tt.want)
 		}
 	}
-	if quantileSorted([]float64{7}, 0.3) != 7 {
+	if quantile([]float64{7}, 0.3) != 7 {
 		t.Error("single value")
 	}
 }

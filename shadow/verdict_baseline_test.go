@@ -132,10 +132,16 @@ func TestEvaluateLoadNotComparable(t *testing.T) {
 			if !tc.comparable && (v.Decision != Hold || !strings.Contains(v.Reason, "mirror.baseline")) {
 				t.Fatalf("decision %s (%s): want hold asking for a baseline", v.Decision, v.Reason)
 			}
-			// With a baseline the loads of the primary do not matter.
-			in.Baseline = &in.Primary
-			if v, _ := Evaluate(Config{}, in); evidence(t, v, MetricTTFT).Verdict == NotComparable {
-				t.Fatal("not comparable with a baseline")
+			// With a baseline the primary's load does not matter: the same rates, now with
+			// paired baseline answers, are judged (paired) and never not comparable.
+			wb := triples(3, 60, 3, 1, 1)
+			wb.Load = in.Load
+			v, err = Evaluate(Config{MinSamples: 30}, wb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := evidence(t, v, MetricTTFT); e.Verdict == NotComparable || e.Test != StatWilcoxon || e.Verdict == Skipped {
+				t.Fatalf("with a baseline: %s by %s (%s), want a paired judgment", e.Verdict, e.Test, e.Note)
 			}
 		})
 	}
