@@ -105,14 +105,9 @@ func (s *Server) scrapeAuthorized(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if ok && got != "" {
-			for _, env := range []string{c.Admin.MetricsTokenEnv, c.Admin.TokenEnv} {
-				if token := os.Getenv(env); token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
-					next.ServeHTTP(w, r)
-					return
-				}
-			}
+		if got, ok := bearer(r); ok && tokenIs(got, c.Admin.MetricsTokenEnv, c.Admin.TokenEnv) {
+			next.ServeHTTP(w, r)
+			return
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-metrics"`)
 		openai.WriteError(w, openai.NewError(http.StatusUnauthorized, "authentication_error", "invalid_metrics_token",
@@ -124,13 +119,11 @@ func (s *Server) scrapeAuthorized(next http.Handler) http.Handler {
 func (s *Server) authorized(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := s.Config()
-		token := os.Getenv(c.Admin.TokenEnv)
-		if token == "" && config.IsLoopback(c.Admin.Listen) {
+		if os.Getenv(c.Admin.TokenEnv) == "" && config.IsLoopback(c.Admin.Listen) {
 			next(w, r)
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if token == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		if got, ok := bearer(r); !ok || !tokenIs(got, c.Admin.TokenEnv) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
 			openai.WriteError(w, openai.NewError(http.StatusUnauthorized, "authentication_error", "invalid_admin_token",
 				"admin API: missing or wrong bearer token (set via "+c.Admin.TokenEnv+")"))
@@ -138,6 +131,22 @@ func (s *Server) authorized(next http.HandlerFunc) http.Handler {
 		}
 		next(w, r)
 	})
+}
+
+// bearer is the request's bearer token, if it sent one.
+func bearer(r *http.Request) (string, bool) {
+	return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+}
+
+// tokenIs reports whether got equals the non-empty token held by one of the environment
+// variables envs, compared in constant time.
+func tokenIs(got string, envs ...string) bool {
+	for _, env := range envs {
+		if token := os.Getenv(env); token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+			return true
+		}
+	}
+	return false
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -55,10 +55,15 @@ func (t trust) clientOf(r *http.Request) (client string, known bool) {
 	if !peer.IsValid() || !t.contains(peer) {
 		return peer.String(), true
 	}
-	if !forwardedAgree(r.Header) {
+	hasX, hasF := len(r.Header.Values("X-Forwarded-For")) > 0, len(r.Header.Values("Forwarded")) > 0
+	x, f := xffHops(r.Header), forwardedFor(r.Header)
+	if hasX && hasF && !forwardedAgree(x, f) {
 		return "", false
 	}
-	hops := forwardedHops(r.Header)
+	hops := f // every X-Forwarded-For value, else the for= parameters of Forwarded (RFC 7239)
+	if hasX {
+		hops = x
+	}
 	client = peer.String()
 	for i := len(hops) - 1; i >= 0 && len(hops)-i <= maxForwardedHops; i-- {
 		a, ok := parseHop(hops[i])
@@ -86,14 +91,10 @@ func peerAddr(remote string) netip.Addr {
 	return a.Unmap()
 }
 
-// forwardedAgree reports whether X-Forwarded-For and Forwarded, when a request has both, end
-// with the same address (what the trusted peer appended to each, or to one while the client
-// wrote the other to match it).
-func forwardedAgree(h http.Header) bool {
-	if len(h.Values("X-Forwarded-For")) == 0 || len(h.Values("Forwarded")) == 0 {
-		return true
-	}
-	x, f := xffHops(h), forwardedFor(h)
+// forwardedAgree reports whether the X-Forwarded-For and Forwarded hops of a request that has
+// both headers end with the same address (what the trusted peer appended to each, or to one
+// while the client wrote the other to match it).
+func forwardedAgree(x, f []string) bool {
 	if len(x) == 0 || len(f) == 0 {
 		return len(x) == len(f)
 	}
@@ -102,15 +103,8 @@ func forwardedAgree(h http.Header) bool {
 	return okA && okB && a == b
 }
 
-// forwardedHops lists the forwarded client addresses, leftmost first: every X-Forwarded-For
-// value, else the for= parameters of Forwarded (RFC 7239).
-func forwardedHops(h http.Header) []string {
-	if len(h.Values("X-Forwarded-For")) > 0 {
-		return xffHops(h)
-	}
-	return forwardedFor(h)
-}
-
+// xffHops lists X-Forwarded-For's addresses, leftmost first, and forwardedFor Forwarded's
+// for= parameters.
 func xffHops(h http.Header) []string {
 	var out []string
 	for _, v := range h.Values("X-Forwarded-For") {

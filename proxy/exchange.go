@@ -400,12 +400,10 @@ func sessionOf(r *http.Request, req *openai.Request) string {
 	return req.User
 }
 
-// isAPIPath reports whether p is under /v1/. A path with a "." or ".." segment is not: an
-// upstream (or a proxy in front of it) that normalises it would serve a path outside /v1/, or
-// another route's endpoint than the one matched.
-func isAPIPath(p string) bool {
-	return (strings.HasPrefix(p, "/v1/") || p == "/v1") && !hasDotSegment(p)
-}
+// underV1 reports whether p is /v1 or below it: the OpenAI API. (A path with a dot segment is
+// refused as well, by hasDotSegment: an upstream that normalises it would serve a path outside
+// /v1/, or another route's endpoint than the one matched.)
+func underV1(p string) bool { return strings.HasPrefix(p, "/v1/") || p == "/v1" }
 
 // hasDotSegment reports whether a path has a segment that some server or proxy would read
 // as "." or "..": the plain ones, ones with path parameters ("..;x", which Tomcat and others

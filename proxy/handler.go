@@ -3,14 +3,12 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -185,7 +183,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // parse reads and parses the body of the OpenAI endpoints that carry a model (chat,
 // completions, embeddings, responses); other /v1/ paths pass through.
 func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind, st *state) (*openai.Request, *openai.Error) {
-	if p := r.URL.Path; !strings.HasPrefix(p, "/v1/") && p != "/v1" {
+	if p := r.URL.Path; !underV1(p) {
 		return nil, openai.NewError(http.StatusNotFound, "invalid_request_error", "unknown_url",
 			"unknown path "+truncate(p, 256)+": Sluice serves the OpenAI API under /v1/")
 	}
@@ -268,10 +266,7 @@ func (h *Handler) injectFaults(ctx context.Context, r *http.Request, ex *exchang
 func (h *Handler) faults(r *http.Request, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *openai.Error) {
 	var hs []fault.Spec
 	if v := r.Header.Get(fault.Header); v != "" {
-		token := os.Getenv(st.snap.Config.Admin.TokenEnv)
-		got := r.Header.Get(fault.HeaderToken)
-		okToken := token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
-		if !okToken && !h.srv.chaos.AllowsNetwork(net.ParseIP(preq.Client)) {
+		if !tokenIs(r.Header.Get(fault.HeaderToken), st.snap.Config.Admin.TokenEnv) && !h.srv.chaos.AllowsNetwork(net.ParseIP(preq.Client)) {
 			return nil, openai.NewError(http.StatusForbidden, "permission_error", "fault_not_allowed",
 				fault.Header+" needs the admin token in "+fault.HeaderToken+" or a client from chaos.allowed_networks")
 		}

@@ -142,8 +142,12 @@ type capture struct {
 
 	budget *atomic.Int64
 	total  int64 // the budget's bound
-	held   int64 // bytes counted against it
+	held   int64 // bytes reserved from it (the bytes kept, rounded up to captureGrab)
 }
+
+// captureGrab is how much of the route's budget a capture reserves at a time, so that the
+// primary's relay touches the route's shared counter once per 64 KiB, not once per event.
+const captureGrab = 64 << 10
 
 func (c *capture) add(b []byte) {
 	if c.truncated || len(b) == 0 {
@@ -153,16 +157,27 @@ func (c *capture) add(b []byte) {
 		c.truncated = true
 		b = b[:max(0, room)]
 	}
-	if c.budget != nil && len(b) > 0 {
-		n := int64(len(b))
-		if c.budget.Add(n) > c.total {
-			c.budget.Add(-n)
-			c.truncated = true
-			return
-		}
-		c.held += n
+	if need := int64(len(c.buf)+len(b)) - c.held; c.budget != nil && need > 0 && !c.reserve(need) {
+		c.truncated = true
+		return
 	}
 	c.buf = append(c.buf, b...)
+}
+
+// reserve takes at least need more bytes of the budget: a grab (at most up to the capture's
+// limit) when the budget has room for it, else just need; false when not even that fits.
+func (c *capture) reserve(need int64) bool {
+	for _, n := range []int64{min(max(need, captureGrab), int64(c.limit)-c.held), need} {
+		if n < need {
+			continue
+		}
+		if c.budget.Add(n) <= c.total {
+			c.held += n
+			return true
+		}
+		c.budget.Add(-n)
+	}
+	return false
 }
 
 // release gives the capture's bytes back to the budget and drops them.

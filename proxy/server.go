@@ -101,6 +101,10 @@ type Server struct {
 
 	// served are the model names servers answered for (metric labels; see modelLabel).
 	served servedModels
+
+	// fileLimit is the open-file limit, read once (the connection bound is checked on every
+	// accepted connection).
+	fileLimit int
 }
 
 // state is one immutable generation of the running config: the compiled routes and the live
@@ -158,7 +162,8 @@ func New(opts Options) (*Server, error) {
 	if opts.WatchInterval == 0 {
 		opts.WatchInterval = time.Second
 	}
-	s := &Server{opts: opts, log: opts.Logger, tel: opts.Telemetry, created: time.Now(), homes: newHomes(maxHomes)}
+	s := &Server{opts: opts, log: opts.Logger, tel: opts.Telemetry, created: time.Now(), homes: newHomes(maxHomes),
+		fileLimit: openFileLimit()}
 	if s.tel == nil {
 		tel, err := telemetry.New(context.Background(), telemetry.Options{ServiceVersion: opts.Version})
 		if err != nil {
@@ -471,7 +476,7 @@ func (s *Server) connectionBounds() (total, perClient int, trusted trust) {
 	lm := st.snap.Config.Limits
 	total = lm.MaxConnections
 	if total == 0 {
-		total = openFileLimit() * 3 / 4
+		total = s.fileLimit * 3 / 4
 	}
 	switch perClient = lm.MaxConnectionsPerClient; {
 	case perClient == 0 && len(st.trust) > 0:

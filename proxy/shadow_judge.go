@@ -200,7 +200,7 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
-	captured, err := m.Int64ObservableGauge("sluice.shadow.captured", metric.WithDescription("Bytes of answers the route's mirror holds now (bounded by mirror.capture_total)"), metric.WithUnit("By"))
+	captured, err := m.Int64ObservableGauge("sluice.shadow.captured", metric.WithDescription("Bytes of mirror.capture_total the route's captured answers reserve now (in 64 KiB steps)"), metric.WithUnit("By"))
 	if err != nil {
 		return nil, err
 	}

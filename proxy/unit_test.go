@@ -420,8 +420,9 @@ func TestIsAPIPath(t *testing.T) {
 		{"/v1/models/.", false},
 	}
 	for _, tt := range tests {
-		if got := isAPIPath(tt.path); got != tt.want {
-			t.Errorf("isAPIPath(%q) = %v, want %v", tt.path, got, tt.want)
+		// What parse lets through: under /v1, and no dot segment.
+		if got := underV1(tt.path) && !hasDotSegment(tt.path); got != tt.want {
+			t.Errorf("%q served = %v, want %v", tt.path, got, tt.want)
 		}
 	}
 }
