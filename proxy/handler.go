@@ -189,7 +189,7 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 	}
 	if hasDotSegment(r.URL.Path) || hasDotSegment(r.URL.EscapedPath()) {
 		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_path",
-			"the path has a segment that servers may read as . or .. (a dot segment, ..;, a backslash or //): refused")
+			"invalid path: it must not contain . or .. segments, empty segments (//), backslashes or ..; (servers behind Sluice could read them as another path)")
 	}
 	if !kind.HasModel() {
 		return &openai.Request{Kind: kind}, nil

@@ -450,7 +450,7 @@ func protocolError(err error) *openai.Error {
 // a streaming request, whole JSON for the JSON endpoints. nil when it is as promised.
 func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *openai.Error {
 	bad := func(why string) *openai.Error {
-		return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamMalformed, "the model server's answer was not in the promised shape: "+why)
+		return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamMalformed, "the model server sent an invalid response: "+why)
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return bad("Content-Encoding " + truncate(ce, 40) + ", which was not asked for")
