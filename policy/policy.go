@@ -43,8 +43,9 @@ type Request struct {
 
 // Decision is an Admitter's answer.
 type Decision struct {
-	// Reject, when non-nil, is the error the client gets (status, OpenAI error body, Retry-After).
-	Reject *openai.Error
+	// Reject, when non-nil, is the failure the client gets: its class (whose row in the class
+	// table gives the status), message and Retry-After.
+	Reject *Failure
 	// Header, when non-nil, is added to the client's response whatever happens next (e.g. the
 	// x-ratelimit-* headers).
 	Header http.Header
@@ -105,7 +106,7 @@ type Planner interface {
 // Outcome is how a request ended, as the policies learn it.
 type Outcome struct {
 	Status       int           // HTTP status the client got (499 when it went away)
-	ErrorClass   string        // "" on success; see proxy/handler.go for the classes
+	ErrorClass   Class         // "" on success
 	Cluster      string        // the candidate that served (or failed last)
 	Endpoint     string        // the endpoint URL that served (or failed last)
 	Attempts     int           // upstream attempts made

@@ -56,22 +56,22 @@ func (h *Handler) forward(ctx context.Context, ex *exchange, st *state, rt *conf
 func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate, fallback bool, res *result, attempts *int) string {
 	cl := st.clusters[cand.Cluster]
 	if cl == nil {
-		unavailable(ex, res, classError(policy.ClassNoEndpoint, time.Second), cand.Cluster)
+		unavailable(ex, res, classFailure(policy.ClassNoEndpoint, time.Second), cand.Cluster)
 		return policy.CondNoEndpoint
 	}
 	var prev *upstream.Endpoint
 	for try := 0; ; try++ {
 		done, ok := rtr.Breakers().Allow(cand.Cluster)
 		if !ok {
-			h.srv.tel.UpstreamError(ctx, cand.Cluster, policy.ClassBreakerOpen)
-			unavailable(ex, res, classError(policy.ClassBreakerOpen, rtr.Breakers().RetryAfter(cand.Cluster)), cand.Cluster)
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, string(policy.ClassBreakerOpen))
+			unavailable(ex, res, classFailure(policy.ClassBreakerOpen, rtr.Breakers().RetryAfter(cand.Cluster)), cand.Cluster)
 			return policy.CondBreakerOpen
 		}
 		ep, err := cl.PickFor(prev, upstream.Hint{PrefixHash: ex.preq.PrefixHash, PrefixLen: ex.preq.PrefixLen, Home: ex.home})
 		if err != nil {
 			done(false, true)
-			h.srv.tel.UpstreamError(ctx, cand.Cluster, policy.ClassNoEndpoint)
-			unavailable(ex, res, classError(policy.ClassNoEndpoint, time.Second), cand.Cluster)
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, string(policy.ClassNoEndpoint))
+			unavailable(ex, res, classFailure(policy.ClassNoEndpoint, time.Second), cand.Cluster)
 			return policy.CondNoEndpoint
 		}
 		if !h.spend(ctx, ex, rt, rtr, cand.Cluster, try, fallback) {
@@ -84,31 +84,28 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		ex.giveBack(&h.srv.buffers) // the answer held from the attempt before is dropped now
 		*res = h.attempt(ctx, ex, limitsOf(rt, rtr, cand), cand, cl, ep, *attempts)
 		code := res.errorCode()
-		failed, excluded := rtr.Verdict(res.class, res.status, code)
+		class := res.class()
+		failed, excluded := rtr.Verdict(class, res.status, code)
 		done(failed, excluded)
-		if res.class != "" && res.class != policy.ClassClientCancel && res.class != policy.ClassBodyTimeout {
-			h.srv.tel.UpstreamError(ctx, cand.Cluster, res.class)
+		if class != "" && class != policy.ClassClientCancel && class != policy.ClassBodyTimeout {
+			h.srv.tel.UpstreamError(ctx, cand.Cluster, string(class))
 		}
-		if resumed && res.inband == nil && res.class != "" && res.class != policy.ClassClientCancel {
-			// The continuation failed before its first byte: a transport error (res.err), or
-			// an upstream error answer (res.pending), which cannot be relayed mid-stream.
-			// Either way the client's stream ends with an in-band error, never silently.
-			if res.err == nil {
-				res.err = classError(res.class, 0)
-			}
-			res.inband, res.err, res.pending = res.err, nil, nil
+		if resumed && res.fail != nil && class != policy.ClassClientCancel {
+			// The continuation failed before its first byte: a transport error, or an
+			// upstream error answer (res.pending), which cannot be relayed mid-stream. Either
+			// way the client's stream ends with an in-band error, never silently.
+			res.fail.Phase, res.pending = policy.InStream, nil
 		}
 		if ex.committed {
-			if res.inband != nil && (res.class == policy.ClassStreamCut || res.class == policy.ClassIdleTimeout || res.class == policy.ClassStreamError) {
+			if res.fail != nil && ex.sse && (class == policy.ClassStreamCut || class == policy.ClassIdleTimeout || class == policy.ClassStreamError) {
 				return policy.CondStreamCut
 			}
 			return ""
 		}
-		cond := rtr.Condition(res.class, res.status, code)
-		if cond == policy.CondContract {
-			res.retryable = true
-		}
-		if res.class == "" || !res.retryable || ctx.Err() != nil {
+		cond := rtr.Condition(class, res.status, code)
+		// A contract mismatch moves on whatever its class (a 4xx the route says is the
+		// candidate's, not the request's).
+		if res.fail == nil || !(res.fail.Retryable() || cond == policy.CondContract) || ctx.Err() != nil {
 			return ""
 		}
 		// Retry this candidate: at once on another endpoint after a connection failure
@@ -119,7 +116,7 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 			if !ok || !sleep(ctx, wait) {
 				return cond
 			}
-		case res.class == policy.ClassConnect && try == 0 && len(cl.Endpoints()) > 1:
+		case class == policy.ClassConnect && try == 0 && len(cl.Endpoints()) > 1:
 		default:
 			return cond
 		}
@@ -131,14 +128,14 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 // endpoint). Before anything reached the client it is the request's answer; once a stream
 // has started (a resume), the stream keeps what the client has and ends with this in-band
 // error unless a later candidate continues it.
-func unavailable(ex *exchange, res *result, e *openai.Error, cluster string) {
+func unavailable(ex *exchange, res *result, f *policy.Failure, cluster string) {
 	if !ex.committed {
-		*res = failure(e)
+		*res = failed(f)
 		res.cluster = cluster
 		return
 	}
-	res.inband, res.upstreamErr = e, nil
-	res.class = e.Code
+	f.Phase = policy.InStream
+	res.fail, res.upstreamErr, res.pending = f, nil, nil
 }
 
 // budgetLogEvery bounds the log of a route's budget refusals to one line per kind and interval.
@@ -180,7 +177,7 @@ func (h *Handler) spend(ctx context.Context, ex *exchange, rt *config.CompiledRo
 // prepareResume turns the request into the continuation of the stream cut so far: the text
 // the client already has becomes an assistant prefix that the next candidate continues.
 func (h *Handler) prepareResume(ex *exchange, res *result) bool {
-	if !ex.capture || res.inband == nil {
+	if !ex.capture || res.fail == nil || res.fail.Phase != policy.InStream {
 		return false
 	}
 	if why := ex.streamed.Unresumable; why != "" {
@@ -188,7 +185,7 @@ func (h *Handler) prepareResume(ex *exchange, res *result) bool {
 		// half sent gets a second id and arguments that no longer parse): the stream ends
 		// with its in-band error instead.
 		h.srv.log.Info("not resuming a cut stream: a continuation cannot carry what was sent", "request_id", ex.id,
-			"cluster", res.cluster, "class", res.class, "sent", why)
+			"cluster", res.cluster, "class", res.class(), "sent", why)
 		return false
 	}
 	left := 0
@@ -209,7 +206,7 @@ func (h *Handler) prepareResume(ex *exchange, res *result) bool {
 	tap.ErrorSeen, tap.Done = false, false
 	ex.carryTap = &tap
 	h.srv.log.Info("resuming a cut stream on the next candidate", "request_id", ex.id,
-		"cluster", res.cluster, "class", res.class, "tokens_so_far", tap.TokenEvents)
+		"cluster", res.cluster, "class", res.class(), "tokens_so_far", tap.TokenEvents)
 	return true
 }
 
@@ -233,24 +230,21 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (h *Handler) settlePending(ex *exchange, res result) result {
 	if res.pending != nil && !ex.committed {
 		ex.writePending(res.pending, &res)
-		res.pending = nil
-		res.err = nil
 	}
-	if ex.committed && res.inband == nil && res.err != nil && res.err != errClientGone {
-		res.inband = res.err // never end a started stream silently
-	}
-	if res.inband != nil && ex.committed {
+	res.pending = nil
+	if f := res.fail; f != nil && ex.committed && ex.sse && f.Phase == policy.InStream && !clientSide(f.Class) {
+		// Never end a started stream silently.
 		ev := res.upstreamErr // the model server's own words, once
 		switch {
 		case ev != nil:
 		case ex.preq.Kind == openai.KindResponses:
-			ev = res.inband.ResponsesSSE(res.tap.Seq)
+			ev = f.OpenAI().ResponsesSSE(res.tap.Seq)
 		default:
-			ev = res.inband.SSE()
+			ev = f.OpenAI().SSE()
 		}
 		_, _ = ex.w.Write(ev)
 		ex.flush()
-		res.inband, res.upstreamErr = nil, nil
+		res.upstreamErr = nil
 	}
 	return res
 }
@@ -297,7 +291,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		// The attempt's own outcome: a failed attempt's span says why (error.type, status).
 		telemetry.SetGenAIResult(span, telemetry.RequestRecord{
 			Operation: ex.preq.Kind.Operation(), ResponseModel: res.model, Stream: ex.preq.Stream,
-			Status: res.status, ErrorClass: res.class, TTFT: res.tap.TTFT(),
+			Status: res.status, ErrorClass: string(res.class()), TTFT: res.tap.TTFT(),
 			InputTokens: res.tap.Usage.PromptTokens, OutputTokens: res.tap.Tokens,
 			FinishReason: res.tap.FinishReason, ResponseID: res.tap.ID,
 		})
@@ -306,10 +300,14 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 
 	out, err := h.outbound(actx, ex, cand, cl, ep, &res)
 	if err != nil {
-		res.err = openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
-		res.status, res.class = res.err.Status, "bad_request"
+		res.failWith(policy.Failf(policy.ClassInvalidRequest, err, err.Error()))
 		return res
 	}
+	defer func() {
+		if res.fail != nil && ex.committed {
+			res.fail.Phase = policy.InStream // the client has part of the answer
+		}
+	}()
 
 	wd := startWatchdog(lim.ttft, lim.idle, cancel)
 	defer wd.stop()
@@ -331,30 +329,23 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		if resp != nil {
 			resp.Body.Close()
 		}
-		res.err = bodyTimeout(ex.w, h.srv.state.Load().snap.Config.Timeouts.Body.D())
-		res.status, res.class = res.err.Status, policy.ClassBodyTimeout
+		res.failWith(bodyTimeout(ex.w, h.srv.state.Load().snap.Config.Timeouts.Body.D()))
 		return res
 	}
 	if err != nil {
-		res.class = transportClass(actx)
-		if res.class == policy.ClassConnect && protocolFailure(err) {
+		class := transportClass(actx)
+		if class == policy.ClassConnect && protocolFailure(err) {
 			// The server was reached and answered badly (a malformed status line or
 			// headers, a flood of 1xx, oversized headers, a short answer): not a connection
 			// failure, and the request may have been run.
 			ep.Report(false)
-			res.class, res.err = policy.ClassUpstreamProtocol, protocolError(err)
-			res.status, res.retryable = res.err.Status, true
+			res.failWith(protocolError(err))
 			return res
 		}
-		if res.class == policy.ClassConnect {
+		if class == policy.ClassConnect {
 			ep.Report(false)
 		}
-		res.err = classError(res.class, 0)
-		res.status = res.err.Status
-		if res.class == policy.ClassPerTryTimeout {
-			res.class = policy.ClassTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
-		}
-		res.retryable = res.class == policy.ClassConnect || res.class == policy.ClassTTFTTimeout
+		res.failWith(attemptFailure(class, err))
 		return res
 	}
 	defer resp.Body.Close()

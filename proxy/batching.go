@@ -26,21 +26,24 @@ func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *conf
 		sub := &exchange{w: rec, r: ex.r.WithContext(sctx), id: ex.id, start: time.Now(), preq: preq, contBody: merged}
 		res := h.forward(sctx, sub, st, rt, plan)
 		sub.giveBack(&h.srv.buffers) // the answer is in rec now
-		if !sub.committed && res.err != nil {
-			return 0, nil, nil, res.err
+		if !sub.committed && res.fail != nil {
+			return 0, nil, nil, res.fail
 		}
 		served = res
 		return rec.status, rec.header, rec.body.Bytes(), nil
 	})
 	if err != nil {
+		var f *policy.Failure
 		var oe *openai.Error
 		switch {
 		case ctx.Err() != nil:
-			return failure(classError(causeClass(ctx), 0))
+			return failed(attemptFailure(causeClass(ctx), err))
+		case errors.As(err, &f):
+			return failed(f)
 		case errors.As(err, &oe):
-			return failure(oe)
+			return failed(policy.FromOpenAI(oe))
 		default:
-			return failure(openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamError, "batched request failed: "+err.Error()))
+			return failed(policy.Failf(policy.ClassUpstreamError, err, "batched request failed: "+err.Error()))
 		}
 	}
 	// Only the caller whose send function carried the batch knows where it went.
@@ -50,14 +53,16 @@ func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *conf
 	}
 	res.tap.Start = ex.start
 	// The share is answered now, whatever its status: nothing is retried.
-	if res.class, _ = statusClass(status); res.class == "" {
+	if status >= 400 {
+		res.fail = upstreamFailure(status)
+	} else {
 		now := time.Now()
 		res.tap.FirstToken = now
 		res.tap.ObserveBody(body, now)
 	}
 	ex.commit(status, hdr, &res)
 	if _, err := ex.w.Write(body); err != nil {
-		res.class, res.status = policy.ClassClientCancel, statusClientClosed
+		res.failWith(writeFailed(err))
 	}
 	return res
 }

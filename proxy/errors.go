@@ -8,17 +8,18 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
 // statusClientClosed is nginx's 499: the client closed the request.
-const statusClientClosed = 499
+const statusClientClosed = policy.StatusClientClosed
 
 var (
 	errTTFTTimeout  = errors.New("upstream sent no first byte within the TTFT time-out")
@@ -27,51 +28,33 @@ var (
 	errTryTimeout   = errors.New("attempt exceeded its per-try time-out")
 	errShutdown     = errors.New("gateway is shutting down")
 	errClientWrite  = errors.New("client went away")
-
-	// errClientGone marks a request whose client went away: nothing is written back.
-	errClientGone = &openai.Error{Status: statusClientClosed, Type: "invalid_request_error", Code: policy.ClassClientCancel, Message: "client closed the request"}
 )
 
-// classError maps an error class to the status and OpenAI error the client gets. This is the
-// one place where classes become statuses: 499 client gone, 504 upstream time-out, 503 no
-// healthy endpoint or shutting down, 502 otherwise.
-func classError(class string, retryAfter time.Duration) *openai.Error {
-	switch class {
-	case policy.ClassClientCancel:
-		return errClientGone
-	case policy.ClassTTFTTimeout:
-		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "upstream sent no first token within the route's TTFT time-out")
-	case policy.ClassIdleTimeout:
-		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "upstream stalled longer than the route's idle time-out")
-	case policy.ClassTimeout:
-		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "request exceeded the route's total time-out")
-	case policy.ClassPerTryTimeout:
-		return openai.NewError(http.StatusGatewayTimeout, "timeout_error", class, "the model server did not answer within the per-try time-out")
-	case policy.ClassNoEndpoint:
-		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "no healthy endpoint is available for this route")
-		e.RetryAfter = retryAfter
-		return e
-	case policy.ClassBreakerOpen:
-		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "the model server pool is failing and its breaker is open; retry later")
-		e.RetryAfter = retryAfter
-		return e
-	case policy.ClassShutdown:
-		e := openai.NewError(http.StatusServiceUnavailable, "server_error", class, "the gateway is shutting down; retry on another replica")
-		e.RetryAfter = time.Second
-		return e
-	case policy.ClassConnect:
-		return openai.NewError(http.StatusBadGateway, "server_error", class, "could not connect to the model server")
-	case policy.ClassStreamCut:
-		return openai.NewError(http.StatusBadGateway, "server_error", class, "the model server's stream ended before completion")
-	case policy.ClassEmptyResponse:
-		return openai.NewError(http.StatusBadGateway, "server_error", class, "the model server closed the connection without answering")
-	default:
-		return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamError, "the model server's answer could not be relayed")
+// classFailure is the failure of a class the gateway detects itself, with the class table's
+// status and message; a class outside the table is an answer that could not be relayed. A
+// failure that says a pool is unavailable carries retryAfter (shutting down: one second).
+func classFailure(class policy.Class, retryAfter time.Duration) *policy.Failure {
+	if !slices.Contains(policy.Classes(), class) {
+		class = policy.ClassUpstreamError
 	}
+	f := policy.Fail(class, "")
+	switch class {
+	case policy.ClassNoEndpoint, policy.ClassBreakerOpen:
+		f.RetryAfter = retryAfter
+	case policy.ClassShutdown:
+		f.RetryAfter = time.Second
+	}
+	return f
+}
+
+// clientSide reports whether a class is the client's own end (gone, or not reading): nothing
+// more is written to it.
+func clientSide(c policy.Class) bool {
+	return c == policy.ClassClientCancel || c == policy.ClassClientStalled
 }
 
 // causeClass classifies why a context ended.
-func causeClass(ctx context.Context) string {
+func causeClass(ctx context.Context) policy.Class {
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, errTTFTTimeout):
 		return policy.ClassTTFTTimeout
@@ -90,7 +73,7 @@ func causeClass(ctx context.Context) string {
 
 // transportClass classifies an error from the upstream transport: the context's cause when it
 // ended, otherwise a connection problem (refused, reset, TLS, dial time-out).
-func transportClass(ctx context.Context) string {
+func transportClass(ctx context.Context) policy.Class {
 	if ctx.Err() != nil {
 		return causeClass(ctx)
 	}
@@ -128,16 +111,27 @@ func protocolFailure(err error) bool {
 // endpoint, another cluster), any other 4xx is the request's own and goes back to the client.
 // The one place where an upstream status becomes a class: attempts, batched requests and
 // the mirror's copies all use it.
-func statusClass(status int) (class string, retryable bool) {
+func statusClass(status int) (class policy.Class, retryable bool) {
 	switch {
 	case status >= 500:
-		return policy.ClassUpstream5xx, true
+		class = policy.ClassUpstream5xx
 	case status == http.StatusTooManyRequests:
-		return policy.ClassUpstream429, true
+		class = policy.ClassUpstream429
 	case status >= 400:
-		return policy.ClassUpstream4xx, false
+		class = policy.ClassUpstream4xx
+	default:
+		return "", false
 	}
-	return "", false
+	return class, class.Info().Retryable
+}
+
+// upstreamFailure is the failure of a model server's error answer (status 400–599), which the
+// client gets as the server sent it unless another attempt replaces it.
+func upstreamFailure(status int) *policy.Failure {
+	class, _ := statusClass(status)
+	f := policy.Fail(class, "the model server answered "+strconv.Itoa(status))
+	f.Status = status
+	return f
 }
 
 // reportStatus tells the endpoint's outlier detection how it answered: a 5xx is a failure, a
@@ -149,4 +143,17 @@ func reportStatus(ep *upstream.Endpoint, status int) {
 	case status != http.StatusTooManyRequests:
 		ep.Report(true)
 	}
+}
+
+// attemptFailure is the failure of an attempt that ended on a time-out, the client going away
+// or the transport, the cause err kept for logs. The attempt's own per-try time-out is retried
+// and moved on like a TTFT time-out (its class), and the client reads which one it was (its
+// code and message).
+func attemptFailure(class policy.Class, err error) *policy.Failure {
+	f := classFailure(class, 0)
+	f.Err = err
+	if class == policy.ClassPerTryTimeout {
+		f.Class = policy.ClassTTFTTimeout
+	}
+	return f
 }

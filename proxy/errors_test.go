@@ -9,7 +9,7 @@ import (
 func TestStatusClass(t *testing.T) {
 	for _, tt := range []struct {
 		status    int
-		class     string
+		class     policy.Class
 		retryable bool
 	}{
 		{200, "", false}, {204, "", false}, {399, "", false},

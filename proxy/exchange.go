@@ -31,6 +31,7 @@ type exchange struct {
 	start     time.Time
 	preq      *policy.Request
 	committed bool // headers went to the client: no more retries, errors go in-band
+	sse       bool // what was committed is an event stream (an in-band error event can end it)
 	// policyHeader holds the headers the admission policies set (x-ratelimit-*): they win
 	// over the upstream's headers of the same name, which describe the gateway's own key.
 	policyHeader http.Header
@@ -244,13 +245,16 @@ func (b *bodyDeadline) Read(p []byte) (int, error) {
 // bodyTimedOut reports whether the request's body was cut off by the body time-out.
 func (ex *exchange) bodyTimedOut() bool { return ex.body != nil && ex.body.timedOut.Load() }
 
-// writeFailed is the class of a failed write to the client: it stopped reading (the write
+// writeFailed is the failure of a write to the client: it stopped reading (the write
 // time-out), or went away.
-func writeFailed(err error) string {
+func writeFailed(err error) *policy.Failure {
+	c := policy.ClassClientCancel
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return policy.ClassClientStalled
+		c = policy.ClassClientStalled
 	}
-	return policy.ClassClientCancel
+	f := policy.Failf(c, err, "")
+	f.Phase = policy.InStream
+	return f
 }
 
 // commit writes the response headers: the upstream's (hop-by-hop and length dropped) plus
@@ -290,21 +294,40 @@ func (ex *exchange) flush() {
 
 // result is what an attempt (and then the whole forward loop) ended with.
 type result struct {
-	status  int
-	class   string        // error class, "" on success
-	err     *openai.Error // what the client gets if nothing was committed
-	pending *pending      // a complete upstream answer not yet written (relayed unless retried)
-	inband  *openai.Error // a stream broke after it started: the in-band error to send
+	status int
+	// fail is why it failed, nil on success: one class, its cause, what the client is told,
+	// and its phase. Before the first byte the client gets it as an HTTP error (unless pending
+	// holds the model server's own error answer, which is relayed instead); in the stream, as
+	// an in-band error event.
+	fail    *policy.Failure
+	pending *pending // a complete upstream answer not yet written (relayed unless retried)
 	// upstreamErr is the model server's own in-stream error event (raw), sent instead of
-	// inband's rendering when the stream is not resumed.
+	// fail's rendering when the stream is not resumed.
 	upstreamErr []byte
-	retryable   bool // failed before anything reached the client
 	cluster     string
 	endpoint    string
 	model       string
 	attempts    int
 	tap         openai.Tap
 	wait        time.Duration // time waiting on the network (upstream reads, client writes)
+}
+
+// class is the result's failure class, "" on success.
+func (r *result) class() policy.Class {
+	if r.fail == nil {
+		return ""
+	}
+	return r.fail.Class
+}
+
+// failWith records f as the result's failure. Its status is the one the client gets, unless
+// the client already has the answer's (a stream that broke in-band; a client that went away
+// is 499 whenever it left).
+func (r *result) failWith(f *policy.Failure) {
+	r.fail = f
+	if f.Phase == policy.BeforeFirstByte || clientSide(f.Class) {
+		r.status = f.Status
+	}
 }
 
 // pending is a buffered upstream answer.
@@ -345,7 +368,8 @@ func (r *result) retryAfter() time.Duration {
 	return 0
 }
 
-func failure(e *openai.Error) result { return result{err: e, status: e.Status, class: e.Code} }
+// failed is the result of a request that failed before any attempt.
+func failed(f *policy.Failure) result { return result{fail: f, status: f.Status} }
 
 // hopHeaders are dropped both ways (RFC 9110 §7.6.1), with any named in Connection.
 var hopHeaders = []string{

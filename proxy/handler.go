@@ -63,7 +63,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	kind := openai.KindOf(r.Method, r.URL.Path)
 	req, perr := h.parse(ex.w, r, kind, st)
 	if perr != nil {
-		h.finish(ctx, ex, st, nil, span, failure(perr))
+		h.finish(ctx, ex, st, nil, span, failed(perr))
 		return
 	}
 
@@ -81,7 +81,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// vLLM serves its default model to a request that names none: so does a route
 		// that serves one.
 		if e := h.fillModel(ctx, st, r, req); e != nil {
-			h.finish(ctx, ex, st, nil, span, failure(e))
+			h.finish(ctx, ex, st, nil, span, failed(e))
 			return
 		}
 	}
@@ -95,8 +95,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.finish(ctx, ex, st, nil, span, res)
 			return
 		}
-		h.finish(ctx, ex, st, nil, span, failure(openai.NewError(http.StatusNotFound,
-			"invalid_request_error", "no_route", "no route matches "+r.Method+" "+r.URL.Path+modelSuffix(req.Model))))
+		h.finish(ctx, ex, st, nil, span, failed(policy.Fail(policy.ClassNoRoute,
+			"no route matches "+r.Method+" "+r.URL.Path+modelSuffix(req.Model))))
 		return
 	}
 	preq.Route = rt.Name
@@ -126,7 +126,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		adm.reject = capMaxTokens(preq, adm.capMaxTokens)
 	}
 	if adm.reject != nil {
-		h.finish(ctx, ex, st, rt, span, failure(adm.reject))
+		h.finish(ctx, ex, st, rt, span, failed(adm.reject))
 		return
 	}
 	if kind == openai.KindModels {
@@ -164,7 +164,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer func() { inj.Done(faultOutcome(ex.outcome, rt)) }()
 	}
 	if rej != nil {
-		h.finish(ctx, ex, st, rt, span, failure(rej))
+		h.finish(ctx, ex, st, rt, span, failed(rej))
 		return
 	}
 
@@ -182,13 +182,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // parse reads and parses the body of the OpenAI endpoints that carry a model (chat,
 // completions, embeddings, responses); other /v1/ paths pass through.
-func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind, st *state) (*openai.Request, *openai.Error) {
+func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind, st *state) (*openai.Request, *policy.Failure) {
 	if p := r.URL.Path; !underV1(p) {
-		return nil, openai.NewError(http.StatusNotFound, "invalid_request_error", "unknown_url",
+		return nil, policy.Fail(policy.ClassUnknownURL,
 			"unknown path "+truncate(p, 256)+": Sluice serves the OpenAI API under /v1/")
 	}
 	if hasDotSegment(r.URL.Path) || hasDotSegment(r.URL.EscapedPath()) {
-		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_path",
+		return nil, policy.Fail(policy.ClassInvalidPath,
 			"invalid path: it must not contain . or .. segments, empty segments (//), backslashes or ..; (servers behind Sluice could read them as another path)")
 	}
 	if !kind.HasModel() {
@@ -197,14 +197,14 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 	if !jsonContentType(r.Header.Get("Content-Type")) {
 		// Browsers send text/plain and form bodies without asking (a "simple request"): a
 		// page must not be able to make a visitor's browser call the API.
-		return nil, openai.NewError(http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_media_type",
+		return nil, policy.Fail(policy.ClassUnsupportedType,
 			"the request body must be JSON: send Content-Type: application/json")
 	}
 	body, err := openai.ReadBody(r.Body, int64(st.snap.Config.MaxBodyBytes))
 	if err != nil {
 		var oe *openai.Error
 		if errors.As(err, &oe) {
-			return nil, oe
+			return nil, policy.FromOpenAI(oe)
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			// (The server may have cancelled the request's context on the failed read: the
@@ -212,34 +212,33 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 			return nil, bodyTimeout(w, st.snap.Config.Timeouts.Body.D())
 		}
 		if r.Context().Err() != nil {
-			return nil, errClientGone
+			return nil, policy.Failf(policy.ClassClientCancel, err, "")
 		}
-		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "body_read",
-			"reading the request body failed: "+err.Error())
+		return nil, policy.Failf(policy.ClassBodyRead, err, "reading the request body failed: "+err.Error())
 	}
 	req, err := openai.ParseRequest(kind, body)
 	if err != nil {
 		var oe *openai.Error
 		if errors.As(err, &oe) {
-			return nil, oe
+			return nil, policy.FromOpenAI(oe)
 		}
-		return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+		return nil, policy.Failf(policy.ClassInvalidRequest, err, err.Error())
 	}
 	return req, nil
 }
 
 // bodyTimeout is the answer to a body that did not arrive within the body time-out d. The
 // connection is closed after it: the rest of the body will not be waited for.
-func bodyTimeout(w http.ResponseWriter, d time.Duration) *openai.Error {
+func bodyTimeout(w http.ResponseWriter, d time.Duration) *policy.Failure {
 	w.Header().Set("Connection", "close")
-	return openai.NewError(http.StatusRequestTimeout, "invalid_request_error", policy.ClassBodyTimeout,
+	return policy.Fail(policy.ClassBodyTimeout,
 		"the request body did not arrive within the body time-out ("+d.String()+")")
 }
 
 // injectFaults plans the request's chaos faults, wraps the client's writer with the downstream
 // ones and applies a downstream delay or abort. It returns the injection (nil when none) and
 // the answer that ends the request early, if any.
-func (h *Handler) injectFaults(ctx context.Context, r *http.Request, ex *exchange, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *openai.Error) {
+func (h *Handler) injectFaults(ctx context.Context, r *http.Request, ex *exchange, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *policy.Failure) {
 	if !h.srv.chaos.Enabled() {
 		return nil, nil
 	}
@@ -253,9 +252,9 @@ func (h *Handler) injectFaults(ctx context.Context, r *http.Request, ex *exchang
 	ab, err := inj.Before(ctx)
 	switch {
 	case err != nil:
-		return inj, classError(causeClass(ctx), 0)
+		return inj, attemptFailure(causeClass(ctx), err)
 	case ab != nil:
-		return inj, ab.Err
+		return inj, policy.FromOpenAI(ab.Err)
 	}
 	return inj, nil
 }
@@ -263,16 +262,16 @@ func (h *Handler) injectFaults(ctx context.Context, r *http.Request, ex *exchang
 // faults plans the chaos faults of a request. The x-sluice-fault header is honoured only with
 // the admin token (x-sluice-admin-token) or from an allowed network: an outside client must
 // never fault someone else's traffic.
-func (h *Handler) faults(r *http.Request, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *openai.Error) {
+func (h *Handler) faults(r *http.Request, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *policy.Failure) {
 	var hs []fault.Spec
 	if v := r.Header.Get(fault.Header); v != "" {
 		if !tokenIs(r.Header.Get(fault.HeaderToken), st.snap.Config.Admin.TokenEnv) && !h.srv.chaos.AllowsNetwork(net.ParseIP(preq.Client)) {
-			return nil, openai.NewError(http.StatusForbidden, "permission_error", "fault_not_allowed",
+			return nil, policy.Fail(policy.ClassFaultNotAllowed,
 				fault.Header+" needs the admin token in "+fault.HeaderToken+" or a client from chaos.allowed_networks")
 		}
 		var err error
 		if hs, err = fault.ParseHeader(v); err != nil {
-			return nil, openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_fault", err.Error())
+			return nil, policy.Failf(policy.ClassInvalidFault, err, err.Error())
 		}
 	}
 	return h.srv.chaos.Plan(preq, rt.Name, hs), nil
@@ -281,7 +280,7 @@ func (h *Handler) faults(r *http.Request, st *state, rt *config.CompiledRoute, p
 // faultOutcome tells the chaos engine what became of a faulted request.
 func faultOutcome(o policy.Outcome, rt *config.CompiledRoute) fault.Outcome {
 	return fault.Outcome{
-		Status: o.Status, ErrorClass: o.ErrorClass, Cluster: o.Cluster, Attempts: o.Attempts,
+		Status: o.Status, ErrorClass: string(o.ErrorClass), Cluster: o.Cluster, Attempts: o.Attempts,
 		ClientSawError: o.Status >= 400 || (o.ErrorClass != "" && o.ErrorClass != policy.ClassClientCancel),
 		Fallback:       o.Attempts > 1 || (o.Cluster != "" && o.Cluster != rt.Cluster),
 	}
@@ -290,7 +289,7 @@ func faultOutcome(o policy.Outcome, rt *config.CompiledRoute) fault.Outcome {
 // admission is what the route's Admitters decided together.
 type admission struct {
 	done         []func(policy.Outcome) // Done callbacks of those that admitted
-	reject       *openai.Error          // the first rejection
+	reject       *policy.Failure        // the first rejection
 	capMaxTokens int                    // the lowest max_tokens cap asked for
 	reroute      string                 // the first reroute asked for
 }
@@ -303,9 +302,9 @@ func (h *Handler) admit(ctx context.Context, st *state, ex *exchange, r *policy.
 		d, err := p.Admit(ctx, r)
 		if err != nil {
 			if ctx.Err() != nil {
-				a.reject = classError(causeClass(ctx), 0)
+				a.reject = attemptFailure(causeClass(ctx), err)
 			} else {
-				a.reject = openai.NewError(http.StatusInternalServerError, "server_error", "policy_error", err.Error())
+				a.reject = policy.Failf(policy.ClassPolicyError, err, err.Error())
 			}
 			return a
 		}
@@ -335,7 +334,7 @@ func (h *Handler) admit(ctx context.Context, st *state, ex *exchange, r *policy.
 
 // capMaxTokens lowers the request's output budget (staged degradation), rewriting the body
 // (max_tokens, and max_completion_tokens when present; max_output_tokens for the Responses API).
-func capMaxTokens(r *policy.Request, limit int) *openai.Error {
+func capMaxTokens(r *policy.Request, limit int) *policy.Failure {
 	if r.Body == nil || (r.MaxTokens > 0 && r.MaxTokens <= limit) {
 		return nil
 	}
@@ -351,7 +350,7 @@ func capMaxTokens(r *policy.Request, limit int) *openai.Error {
 		}
 	}
 	if err != nil {
-		return openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error())
+		return policy.Failf(policy.ClassInvalidJSON, err, err.Error())
 	}
 	r.Body, r.MaxTokens = body, limit
 	return nil
@@ -360,25 +359,22 @@ func capMaxTokens(r *policy.Request, limit int) *openai.Error {
 // finish settles the request: writes the error if nothing reached the client, tells the
 // observers, records metrics and span attributes, and logs failures.
 func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, span trace.Span, res result) {
-	if res.err != nil && !ex.committed {
-		if res.err == errClientGone {
-			res.status = statusClientClosed
-		} else {
-			res.status = res.err.Status
-			openai.WriteError(ex.w, res.err)
+	if f := res.fail; f != nil && !ex.committed {
+		// The failure's one rendering: its status and OpenAI error body (nothing to a client
+		// that is gone).
+		res.status = f.Status
+		if !clientSide(f.Class) {
+			openai.WriteError(ex.w, f.OpenAI())
 		}
 	}
-	if res.class == "" && res.err != nil {
-		res.class = res.err.Code
-	}
-	if res.class == policy.ClassClientCancel && ex.write != nil && ex.write.expired.Load() {
+	if res.class() == policy.ClassClientCancel && ex.write != nil && ex.write.expired.Load() {
 		// HTTP/2: the write time-out reset the stream, which cancels the request's context:
 		// the client stopped reading, it did not go away.
-		res.class = policy.ClassClientStalled
+		res.fail.Class = policy.ClassClientStalled
 	}
 	dur := time.Since(ex.start)
 	out := policy.Outcome{
-		Status: res.status, ErrorClass: res.class, Cluster: res.cluster, Endpoint: res.endpoint,
+		Status: res.status, ErrorClass: res.class(), Cluster: res.cluster, Endpoint: res.endpoint,
 		Attempts: res.attempts, Duration: dur, TTFT: res.tap.TTFT(), TPOT: res.tap.TPOT(),
 		InputTokens: res.tap.Usage.PromptTokens, OutputTokens: res.tap.Tokens,
 	}
@@ -386,7 +382,7 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 		out.InputTokens = ex.preq.PromptTokens
 	}
 	ex.outcome = out
-	if ex.preq != nil && res.status == http.StatusOK && res.class == "" && res.tap.ID != "" && res.cluster != "" && stores(ex.preq) {
+	if ex.preq != nil && res.status == http.StatusOK && res.fail == nil && res.tap.ID != "" && res.cluster != "" && stores(ex.preq) {
 		h.srv.homes.put(res.tap.ID, home{cluster: res.cluster, endpoint: res.endpoint})
 	}
 	if ex.preq != nil && rt != nil {
@@ -395,7 +391,7 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 		}
 	}
 	rec := telemetry.RequestRecord{
-		Cluster: res.cluster, Endpoint: res.endpoint, Status: out.Status, ErrorClass: out.ErrorClass,
+		Cluster: res.cluster, Endpoint: res.endpoint, Status: out.Status, ErrorClass: string(out.ErrorClass),
 		Duration: dur, TTFT: out.TTFT, TPOT: out.TPOT, InputTokens: out.InputTokens,
 		OutputTokens: out.OutputTokens, Attempts: res.attempts,
 		Overhead:     max(0, dur-res.wait),
@@ -420,7 +416,7 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 		h.srv.log.LogAttrs(ctx, slog.LevelWarn, "request failed",
 			slog.String("request_id", ex.id), slog.String("route", rec.Route),
 			slog.String("cluster", rec.Cluster), slog.String("endpoint", rec.Endpoint),
-			slog.Int("status", out.Status), slog.String("class", out.ErrorClass),
+			slog.Int("status", out.Status), slog.String("class", string(out.ErrorClass)),
 			slog.Int("attempts", res.attempts))
 	}
 }

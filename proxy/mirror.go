@@ -534,7 +534,7 @@ func (j *mirrorJob) primaryAnswer() shadow.Answer {
 		a.ErrorClass = "unparsed"
 	}
 	a.Truncated = j.capture.truncated
-	a.Status, a.ErrorClass = j.outcome.Status, firstNonEmpty(j.outcome.ErrorClass, a.ErrorClass)
+	a.Status, a.ErrorClass = j.outcome.Status, firstNonEmpty(string(j.outcome.ErrorClass), a.ErrorClass)
 	fillTimes(&a, &j.tap, j.capture.sse)
 	return a
 }
@@ -632,7 +632,7 @@ func (sh *shadowing) compare(ctx context.Context, j *mirrorJob) {
 	defer j.release()
 	mr := j.route
 	prim := j.primaryAnswer()
-	if prim.Status == statusClientClosed || prim.ErrorClass == policy.ClassClientCancel || prim.ErrorClass == policy.ClassShutdown || j.faulted {
+	if prim.Status == statusClientClosed || prim.ErrorClass == string(policy.ClassClientCancel) || prim.ErrorClass == string(policy.ClassShutdown) || j.faulted {
 		// Nothing fair to compare: the primary did not run to its end, or chaos acted on it.
 		mr.incomplete.Add(1)
 		return
@@ -681,11 +681,11 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	st := sh.srv.state.Load()
 	cl := st.clusters[clusterName]
 	if cl == nil {
-		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: policy.ClassNoEndpoint}, 0
+		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: string(policy.ClassNoEndpoint)}, 0
 	}
 	ep, err := cl.Pick(nil)
 	if err != nil {
-		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: policy.ClassNoEndpoint}, 0
+		return shadow.Answer{Status: http.StatusServiceUnavailable, ErrorClass: string(policy.ClassNoEndpoint)}, 0
 	}
 	ep.Begin()
 	defer ep.End()
@@ -693,19 +693,19 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	body := j.preq.Body
 	if model != "" && model != j.preq.Model {
 		if body, err = openai.SetModel(body, model); err != nil {
-			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}, 0
+			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: string(policy.ClassInvalidRequest)}, 0
 		}
 	}
 	if j.preq.Kind == openai.KindResponses {
 		// A copy leaves nothing behind: the server stores no response for it.
 		if body, err = openai.SetField(body, "store", []byte("false")); err != nil {
-			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: "bad_request"}, 0
+			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: string(policy.ClassInvalidRequest)}, 0
 		}
 	}
 	base := strings.TrimSuffix(ep.URL().String(), "/")
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base+j.path, bytes.NewReader(body))
 	if err != nil {
-		return shadow.Answer{Status: http.StatusBadGateway, ErrorClass: policy.ClassUpstreamError}, 0
+		return shadow.Answer{Status: http.StatusBadGateway, ErrorClass: string(policy.ClassUpstreamError)}, 0
 	}
 	out.Header = j.header.Clone()
 	out.Header.Set("X-Sluice-Mirror", role)
@@ -724,9 +724,9 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	tap.Start = time.Now()
 	resp, err := roundTrip(ctx, at, cl, out)
 	if err != nil {
-		a = shadow.Answer{Status: http.StatusBadGateway, ErrorClass: policy.ClassConnect}
+		a = shadow.Answer{Status: http.StatusBadGateway, ErrorClass: string(policy.ClassConnect)}
 		if ctx.Err() != nil {
-			a = shadow.Answer{Status: http.StatusGatewayTimeout, ErrorClass: policy.ClassTimeout}
+			a = shadow.Answer{Status: http.StatusGatewayTimeout, ErrorClass: string(policy.ClassTimeout)}
 		}
 		return a, load
 	}
@@ -762,15 +762,16 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	var perr error
 	a, perr = answerOf(capt.sse, capt.buf)
 	a.Status, a.Truncated = resp.StatusCode, capt.truncated
-	a.ErrorClass, _ = statusClass(resp.StatusCode)
+	class, _ := statusClass(resp.StatusCode)
+	a.ErrorClass = string(class)
 	switch {
 	case a.ErrorClass != "":
 	case cut && ctx.Err() != nil:
-		a.ErrorClass = policy.ClassTimeout
+		a.ErrorClass = string(policy.ClassTimeout)
 	case cut:
-		a.ErrorClass = policy.ClassStreamCut
+		a.ErrorClass = string(policy.ClassStreamCut)
 	case perr != nil && !capt.truncated:
-		a.ErrorClass = "unparsed"
+		a.ErrorClass = string(policy.ClassUnparsed)
 	}
 	fillTimes(&a, &tap, capt.sse)
 	return a, load

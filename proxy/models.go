@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
@@ -112,7 +113,7 @@ func (st *state) defaultModel(ctx context.Context, urlPath string, h http.Header
 func isGlob(m string) bool { return strings.ContainsAny(m, "*?[\\") }
 
 // missingModel is the 400 for a request without a model that no route can name one for.
-func missingModel(seen []string) *openai.Error {
+func missingModel(seen []string) *policy.Failure {
 	msg := "Missing required parameter: 'model'."
 	if len(seen) > 1 {
 		if len(seen) > 8 {
@@ -120,21 +121,21 @@ func missingModel(seen []string) *openai.Error {
 		}
 		msg += " This route serves several models (" + strings.Join(seen, ", ") + "): name one."
 	}
-	e := openai.NewError(http.StatusBadRequest, "invalid_request_error", "missing_field", msg)
-	e.Param = "model"
-	return e
+	f := policy.Fail(policy.ClassMissingField, msg)
+	f.Param = "model"
+	return f
 }
 
 // fillModel puts the default model into a request that names none (body and parse), or
 // returns the 400.
-func (h *Handler) fillModel(ctx context.Context, st *state, r *http.Request, req *openai.Request) *openai.Error {
+func (h *Handler) fillModel(ctx context.Context, st *state, r *http.Request, req *openai.Request) *policy.Failure {
 	m, seen := st.defaultModel(ctx, r.URL.Path, r.Header)
 	if m == "" {
 		return missingModel(seen)
 	}
 	body, err := openai.SetField(req.Body, "model", strconv.AppendQuote(nil, m))
 	if err != nil {
-		return openai.NewError(http.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error())
+		return policy.Failf(policy.ClassInvalidJSON, err, err.Error())
 	}
 	req.Body, req.Model = body, m
 	return nil
@@ -221,10 +222,9 @@ func (h *Handler) serveModels(ctx context.Context, ex *exchange, st *state, rout
 		if routed {
 			return result{}, false
 		}
-		e := openai.NewError(http.StatusNotFound, "invalid_request_error", "model_not_found",
-			"The model '"+id+"' does not exist or is not served here.")
-		e.Param = "model"
-		return failure(e), true
+		f := policy.Fail(policy.ClassModelNotFound, "The model '"+id+"' does not exist or is not served here.")
+		f.Param = "model"
+		return failed(f), true
 	}
 	b := []byte(`{"object":"list","data":[`)
 	for i, raw := range models {

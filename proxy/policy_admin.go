@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"sort"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
@@ -250,7 +250,7 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			o.ObserveInt64(trips, int64(gs.Trips), metric.WithAttributes(route))
 			o.ObserveInt64(exact, int64(gs.ExactCounts), metric.WithAttributes(route))
 			for _, code := range sortedKeys(gs.Rejected) {
-				o.ObserveInt64(rejected, int64(gs.Rejected[code]), metric.WithAttributes(route, attribute.String("code", code)))
+				o.ObserveInt64(rejected, int64(gs.Rejected[code]), metric.WithAttributes(route, attribute.String("code", string(code))))
 			}
 		}
 		for _, l := range st.limiters() {
@@ -268,12 +268,12 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 // breakerStates are the values of sluice_route_breaker_state by gobreaker state name.
 var breakerStates = map[string]int64{"closed": 0, "half-open": 1, "open": 2}
 
-func sortedKeys(m map[string]uint64) []string {
-	out := make([]string, 0, len(m))
+func sortedKeys[K ~string](m map[K]uint64) []K {
+	out := make([]K, 0, len(m))
 	for k := range m {
 		out = append(out, k)
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return out
 }
 

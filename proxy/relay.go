@@ -151,10 +151,11 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		}
 		if !ex.committed {
 			ex.commit(resp.StatusCode, resp.Header, res)
+			ex.sse = true
 			if len(held) > 0 {
 				if _, werr := ex.w.Write(held); werr != nil {
 					cancel(errClientWrite)
-					res.class, res.status = writeFailed(werr), statusClientClosed
+					res.failWith(writeFailed(werr))
 					return
 				}
 			}
@@ -182,7 +183,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			}
 			if _, werr := ex.w.Write(raw); werr != nil {
 				cancel(errClientWrite)
-				res.class, res.status = writeFailed(werr), statusClientClosed
+				res.failWith(writeFailed(werr))
 				return
 			}
 			// Flush unless the next event already arrived with this one: a burst goes out
@@ -217,7 +218,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		class = causeClass(ctx)
 	}
 	if class == policy.ClassClientCancel {
-		res.class, res.status = class, statusClientClosed
+		res.failWith(attemptFailure(class, err))
 		return
 	}
 	if !errors.Is(err, errUpstreamStreamError) && finished(tap, ex.preq.Request) {
@@ -226,28 +227,26 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		return
 	}
 	// The stream broke after it started: say so in-band, never hang or end silently.
-	res.class = class
-	var e *openai.Error
+	var f *policy.Failure
 	switch {
 	case errors.Is(err, errUpstreamStreamError):
 		ep.Report(false)
-		res.class = policy.ClassStreamError
-		e = openai.NewError(http.StatusBadGateway, "server_error", policy.ClassStreamError, "the model server reported an error in the stream")
+		f = policy.Failf(policy.ClassStreamError, err, "")
 	case class == policy.ClassStreamCut && errors.Is(err, openai.ErrEventTooLarge):
 		// The gateway's own bound, not an endpoint failure: do not report it.
-		e = eventTooLarge(err)
-		res.class = policy.ClassUpstreamError
+		f = eventTooLarge(err)
+	case class == policy.ClassStreamCut && errors.Is(err, errMalformedEvent):
+		ep.Report(false)
+		f = malformedFailure(err)
 	default:
 		if class == policy.ClassStreamCut || class == policy.ClassIdleTimeout {
 			ep.Report(false)
 		}
-		e = classError(class, 0)
-		if class == policy.ClassStreamCut && errors.Is(err, errMalformedEvent) {
-			e = malformedError()
-		}
+		f = attemptFailure(class, err)
 	}
 	// The forward loop either resumes the stream elsewhere or sends this in-band.
-	res.inband = e
+	f.Phase = policy.InStream
+	res.failWith(f)
 }
 
 // finished reports whether every choice of a chat or completions stream reported its finish
@@ -266,7 +265,7 @@ var doneEvent = []byte("data: [DONE]\n\n")
 // client gets it, and the attempt counts as a success.
 func (h *Handler) endFinishedStream(ex *exchange, tap *openai.Tap, ep *upstream.Endpoint, res *result) {
 	if _, err := ex.w.Write(doneEvent); err != nil {
-		res.class, res.status = writeFailed(err), statusClientClosed
+		res.failWith(writeFailed(err))
 		return
 	}
 	ex.flush()
@@ -283,10 +282,9 @@ func (h *Handler) endFinishedStream(ex *exchange, tap *openai.Tap, ep *upstream.
 // which the forward loop retries or relays like any upstream error answer.
 func streamErrorAnswer(ev openai.Event, ep *upstream.Endpoint, res *result) {
 	status, body := openai.StreamErrorBody(ev.Data)
-	res.status = status
 	res.pending = &pending{status: status, header: http.Header{"Content-Type": {"application/json"}}, body: body}
 	reportStatus(ep, status)
-	res.class, res.retryable = statusClass(status) // status is 400–599
+	res.failWith(upstreamFailure(status)) // status is 400–599
 }
 
 // errUpstreamStreamError: the model server reported an error in the stream.
@@ -300,9 +298,12 @@ func wellFormed(ev openai.Event) bool {
 	return ev.Data == nil || ev.IsDone() || openai.WellFormedChunk(ev.Data)
 }
 
-func malformedError() *openai.Error {
-	return openai.NewError(http.StatusBadGateway, "server_error", "upstream_malformed",
-		"the model server sent a malformed stream chunk (not valid JSON); the stream was ended")
+// malformedFailure is a stream chunk that is not JSON: the stream is cut there (its class),
+// and the client reads that the chunk was malformed (its code).
+func malformedFailure(err error) *policy.Failure {
+	f := policy.Failf(policy.ClassStreamCut, err, "the model server sent a malformed stream chunk (not valid JSON); the stream was ended")
+	f.Code = string(policy.ClassUpstreamMalformed)
+	return f
 }
 
 // chunkID is the raw JSON "id" of a stream chunk (nil when it has none).
@@ -346,23 +347,24 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 			// The headers came and the body broke (short, bad chunking, reset): the server
 			// answered and may have done the work; not a connection failure.
 			ep.Report(false)
-			res.class, res.err = policy.ClassUpstreamProtocol, protocolError(err)
-			res.status, res.retryable = res.err.Status, true
+			res.failWith(protocolError(err))
 			return
 		}
 		h.failBeforeFirstByte(ctx, err, ep, res)
 		return
 	}
 	if resp.StatusCode < 300 && complete {
-		if e := unpromisedBody(ex.preq.Request, resp, body); e != nil {
+		if f := unpromisedBody(ex.preq.Request, resp, body); f != nil {
 			ep.Report(false)
-			res.class, res.err, res.status, res.retryable = policy.ClassUpstreamMalformed, e, e.Status, true
+			res.failWith(f)
 			return
 		}
 	}
 	now := time.Now()
 	reportStatus(ep, resp.StatusCode)
-	if res.class, res.retryable = statusClass(resp.StatusCode); res.class == "" {
+	if resp.StatusCode >= 400 {
+		res.failWith(upstreamFailure(resp.StatusCode))
+	} else {
 		res.tap.FirstToken = now
 		res.tap.ObserveBody(body, now)
 	}
@@ -373,7 +375,7 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 	// Too large to hold: relay what we have and stream the rest through.
 	ex.commit(resp.StatusCode, resp.Header, res)
 	if _, err := ex.w.Write(body); err != nil {
-		res.class, res.status = writeFailed(err), statusClientClosed
+		res.failWith(writeFailed(err))
 		return
 	}
 	buf := make([]byte, 64<<10)
@@ -384,7 +386,7 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 		if n > 0 {
 			wd.beat()
 			if _, err := ex.w.Write(buf[:n]); err != nil {
-				res.class, res.status = writeFailed(err), statusClientClosed
+				res.failWith(writeFailed(err))
 				return
 			}
 			ex.flush()
@@ -393,10 +395,14 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 			return
 		}
 		if rerr != nil {
-			res.class = policy.ClassStreamCut
+			// The answer's status stands (it went out with the headers); its class says how
+			// the body ended.
+			class := policy.ClassStreamCut
 			if ctx.Err() != nil {
-				res.class = causeClass(ctx)
+				class = causeClass(ctx)
 			}
+			res.fail = attemptFailure(class, rerr)
+			res.fail.Phase = policy.InStream
 			return
 		}
 	}
@@ -404,53 +410,42 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 
 // failBeforeFirstByte classifies a failure that happened before anything reached the client.
 func (h *Handler) failBeforeFirstByte(ctx context.Context, err error, ep *upstream.Endpoint, res *result) {
+	var class policy.Class
 	switch {
 	case ctx.Err() != nil:
-		res.class = causeClass(ctx)
+		class = causeClass(ctx)
 	case errors.Is(err, openai.ErrEventTooLarge):
 		// The first event is over the gateway's bound: the endpoint answered, nothing to
 		// report against it, and it is not a connection failure.
-		res.class = policy.ClassUpstreamError
-		res.err = eventTooLarge(err)
-		res.status = res.err.Status
-		res.retryable = true
+		res.failWith(eventTooLarge(err))
 		return
 	case errors.Is(err, errMalformedEvent):
 		ep.Report(false)
-		res.class, res.err = policy.ClassStreamCut, malformedError()
-		res.status, res.retryable = res.err.Status, true
+		res.failWith(malformedFailure(err))
 		return
 	case errors.Is(err, io.EOF):
-		res.class = policy.ClassEmptyResponse
+		class = policy.ClassEmptyResponse
 	default:
-		res.class = policy.ClassConnect
+		class = policy.ClassConnect
 	}
-	if res.class == policy.ClassConnect || res.class == policy.ClassEmptyResponse {
+	if class == policy.ClassConnect || class == policy.ClassEmptyResponse {
 		ep.Report(false)
 	}
-	res.err = classError(res.class, 0)
-	res.status = res.err.Status
-	res.retryable = res.class != policy.ClassClientCancel && res.class != policy.ClassTimeout && res.class != policy.ClassShutdown
-	if res.class == policy.ClassPerTryTimeout {
-		res.class = policy.ClassTTFTTimeout // the attempt's own bound: retried and moved on like a TTFT time-out
-		res.err = classError(policy.ClassPerTryTimeout, 0)
-		res.status = res.err.Status
-	}
+	res.failWith(attemptFailure(class, err))
 }
 
 // protocolError is the error of an answer whose body broke off or was malformed after its
 // headers (a short body, bad chunking, a reset).
-func protocolError(err error) *openai.Error {
-	return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamProtocol,
-		"the model server's answer broke off or was malformed: "+truncate(err.Error(), 200))
+func protocolError(err error) *policy.Failure {
+	return policy.Failf(policy.ClassUpstreamProtocol, err, "the model server's answer broke off or was malformed: "+truncate(err.Error(), 200))
 }
 
 // unpromisedBody checks a successful non-streaming answer against what the client was
 // promised: never an encoding Sluice did not ask for (it asks for none), an event stream for
 // a streaming request, whole JSON for the JSON endpoints. nil when it is as promised.
-func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *openai.Error {
-	bad := func(why string) *openai.Error {
-		return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamMalformed, "the model server sent an invalid response: "+why)
+func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *policy.Failure {
+	bad := func(why string) *policy.Failure {
+		return policy.Fail(policy.ClassUpstreamMalformed, "the model server sent an invalid response: "+why)
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return bad("Content-Encoding " + truncate(ce, 40) + ", which was not asked for")
@@ -468,8 +463,8 @@ func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *open
 }
 
 // eventTooLarge is the error for an upstream SSE event over max_event_bytes.
-func eventTooLarge(err error) *openai.Error {
-	return openai.NewError(http.StatusBadGateway, "server_error", policy.ClassUpstreamError, err.Error())
+func eventTooLarge(err error) *policy.Failure {
+	return policy.Failf(policy.ClassUpstreamError, err, err.Error())
 }
 
 // readBounded reads up to limit bytes, beating the watchdog on each read. complete is false

@@ -196,12 +196,12 @@ func TestWatchdog(t *testing.T) {
 	})
 }
 
-func TestClassError(t *testing.T) {
+func TestClassFailure(t *testing.T) {
 	tests := []struct {
-		class      string
+		class      policy.Class
 		status     int
 		typ        string
-		code       string
+		code       policy.Class
 		retryAfter time.Duration
 	}{
 		{policy.ClassClientCancel, statusClientClosed, "invalid_request_error", policy.ClassClientCancel, 0},
@@ -217,10 +217,11 @@ func TestClassError(t *testing.T) {
 		{"something-new", http.StatusBadGateway, "server_error", policy.ClassUpstreamError, 0},
 	}
 	for _, tt := range tests {
-		t.Run(tt.class, func(t *testing.T) {
-			e := classError(tt.class, 3*time.Second)
-			if e.Status != tt.status || e.Type != tt.typ || e.Code != tt.code {
-				t.Errorf("classError(%q) = %d %s %s, want %d %s %s", tt.class, e.Status, e.Type, e.Code, tt.status, tt.typ, tt.code)
+		t.Run(string(tt.class), func(t *testing.T) {
+			f := classFailure(tt.class, 3*time.Second)
+			e := f.OpenAI()
+			if e.Status != tt.status || e.Type != tt.typ || e.Code != string(tt.code) || f.Class != tt.code {
+				t.Errorf("classFailure(%q) = %d %s %s (class %s), want %d %s %s", tt.class, e.Status, e.Type, e.Code, f.Class, tt.status, tt.typ, tt.code)
 			}
 			if e.RetryAfter != tt.retryAfter {
 				t.Errorf("RetryAfter = %v, want %v", e.RetryAfter, tt.retryAfter)
@@ -229,7 +230,7 @@ func TestClassError(t *testing.T) {
 				t.Error("empty message")
 			}
 			// The body is OpenAI's error shape.
-			if b := string(e.Body()); !strings.HasPrefix(b, `{"error":{"message":`) || !strings.Contains(b, `"code":"`+tt.code+`"`) {
+			if b := string(e.Body()); !strings.HasPrefix(b, `{"error":{"message":`) || !strings.Contains(b, `"code":"`+string(tt.code)+`"`) {
 				t.Errorf("body = %s", b)
 			}
 		})
@@ -239,7 +240,7 @@ func TestClassError(t *testing.T) {
 func TestCauseClass(t *testing.T) {
 	tests := []struct {
 		cause error
-		want  string
+		want  policy.Class
 	}{
 		{errTTFTTimeout, policy.ClassTTFTTimeout},
 		{errIdleTimeout, policy.ClassIdleTimeout},
@@ -330,7 +331,7 @@ func TestFailBeforeFirstByte(t *testing.T) {
 		name      string
 		ctx       context.Context
 		err       error
-		class     string
+		class     policy.Class
 		status    int
 		retryable bool
 		reported  bool // counted against the endpoint
@@ -355,11 +356,11 @@ func TestFailBeforeFirstByte(t *testing.T) {
 			ep := cl.Endpoints()[0]
 			var res result
 			(&Handler{}).failBeforeFirstByte(tt.ctx, tt.err, ep, &res)
-			if res.class != tt.class || res.status != tt.status || res.retryable != tt.retryable {
-				t.Errorf("class %q status %d retryable %v, want %q %d %v", res.class, res.status, res.retryable, tt.class, tt.status, tt.retryable)
+			if res.class() != tt.class || res.status != tt.status || res.fail.Retryable() != tt.retryable {
+				t.Errorf("class %q status %d retryable %v, want %q %d %v", res.class(), res.status, res.fail.Retryable(), tt.class, tt.status, tt.retryable)
 			}
-			if res.err == nil || res.err.Code != tt.class {
-				t.Errorf("err = %v, want code %q", res.err, tt.class)
+			if res.fail == nil || res.fail.Code != string(tt.class) {
+				t.Errorf("failure = %v, want code %q", res.fail, tt.class)
 			}
 			if got := cl.Snapshot()[0].Failures == 1; got != tt.reported {
 				t.Errorf("reported against the endpoint = %v, want %v", got, tt.reported)

@@ -350,7 +350,7 @@ func (b *Batcher) sendGroup(ctx context.Context, cs []*caller, first bool) {
 	case status >= 200 && status < 300:
 		parts, serr := split(live, rb)
 		if serr != nil {
-			e := openai.NewError(http.StatusBadGateway, "server_error", "batch_split", serr.Error())
+			e := policy.Fail(policy.ClassBatchSplit, serr.Error()).OpenAI()
 			b.toAll(live, result{status: e.Status, header: http.Header{"Content-Type": {"application/json"}}, body: e.Body()})
 			return
 		}

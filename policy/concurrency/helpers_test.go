@@ -105,7 +105,7 @@ func wantReject(t testing.TB, l *Limiter, d policy.Decision, reason string) {
 	if d.Reject == nil {
 		t.Fatalf("admitted, want 429 %s", reason)
 	}
-	if d.Reject.Status != 429 || d.Reject.Code != CodeConcurrencyLimit || d.Reject.RetryAfter < time.Second {
+	if d.Reject.Status != 429 || d.Reject.Class != CodeConcurrencyLimit || d.Reject.RetryAfter < time.Second {
 		t.Fatalf("got %d %s retry %s, want 429 %s with Retry-After", d.Reject.Status, d.Reject.Code, d.Reject.RetryAfter, CodeConcurrencyLimit)
 	}
 	if d.Done != nil {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,11 +14,10 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // CodeConcurrencyLimit is the error code of every rejection (429, with Retry-After).
-const CodeConcurrencyLimit = "concurrency_limit"
+const CodeConcurrencyLimit = policy.ClassConcurrencyLimit
 
 // Rejection reasons, as counted in Stats.Rejected.
 const (
@@ -261,7 +259,7 @@ func (l *Limiter) grant(start time.Time, waited time.Duration) policy.Decision {
 
 func (l *Limiter) reject(reason int, retry time.Duration, msg string) policy.Decision {
 	l.rejected[reason].Add(1)
-	e := openai.NewError(http.StatusTooManyRequests, "rate_limit_error", CodeConcurrencyLimit, msg)
+	e := policy.Fail(CodeConcurrencyLimit, msg)
 	e.RetryAfter = max(retry, time.Second)
 	return policy.Decision{Reject: e}
 }

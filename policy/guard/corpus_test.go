@@ -176,7 +176,7 @@ func TestExplosionCorpus(t *testing.T) {
 					t.Errorf("%s: %s (depth %d) from %+v admitted", when, c.name, r.Depth, s)
 					continue
 				}
-				if d.Reject.Code != CodePromptTooDeep || !strings.Contains(d.Reject.Message, fmt.Sprintf("nested %d levels deep, the route's limit is 64", r.Depth)) {
+				if d.Reject.Class != CodePromptTooDeep || !strings.Contains(d.Reject.Message, fmt.Sprintf("nested %d levels deep, the route's limit is 64", r.Depth)) {
 					t.Errorf("%s: %s from %+v: %d %s: %s", when, c.name, s, d.Reject.Status, d.Reject.Code, d.Reject.Message)
 				}
 			}

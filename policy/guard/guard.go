@@ -72,7 +72,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,16 +83,16 @@ import (
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
-// Error codes of the guard's rejections.
+// The failure classes of the guard's rejections (their statuses are in policy's class table).
 const (
-	CodePromptTooLarge  = "prompt_too_large"
-	CodeContextLength   = "context_length_exceeded"
-	CodePromptTooDeep   = "prompt_too_deep"
-	CodeTooManyMessages = "too_many_messages"
-	CodeRepetitive      = "prompt_repetitive"
-	CodeSurge           = "prompt_surge"
-	CodeBreakerOpen     = "tenant_breaker_open"
-	CodeLoadShed        = "load_shed"
+	CodePromptTooLarge  = policy.ClassPromptTooLarge
+	CodeContextLength   = policy.ClassContextLength
+	CodePromptTooDeep   = policy.ClassPromptTooDeep
+	CodeTooManyMessages = policy.ClassTooManyMessages
+	CodeRepetitive      = policy.ClassPromptRepetitive
+	CodeSurge           = policy.ClassPromptSurge
+	CodeBreakerOpen     = policy.ClassTenantBreakerOpen
+	CodeLoadShed        = policy.ClassLoadShed
 )
 
 func init() { policy.Register("guard", factory) }
@@ -134,7 +133,7 @@ type Guard struct {
 	rejected                                        [len(codesArr)]atomic.Uint64
 }
 
-var codesArr = [8]string{CodePromptTooLarge, CodeContextLength, CodePromptTooDeep, CodeTooManyMessages,
+var codesArr = [8]policy.Class{CodePromptTooLarge, CodeContextLength, CodePromptTooDeep, CodeTooManyMessages,
 	CodeRepetitive, CodeSurge, CodeBreakerOpen, CodeLoadShed}
 
 // New builds a Guard from p (zero fields take their defaults) after validating it whole.
@@ -238,7 +237,7 @@ func (g *Guard) contextWindow(model string, advertised int) int {
 // contextLengthError is the answer to a request over the model's context window, in vLLM's
 // words (OpenAI's SDKs, LangChain and LlamaIndex recognise "maximum context length" and the
 // code context_length_exceeded): 400 invalid_request_error, param the prompt's field.
-func contextLengthError(r *policy.Request, window, tokens, maxTokens int) *openai.Error {
+func contextLengthError(r *policy.Request, window, tokens, maxTokens int) *policy.Failure {
 	var msg string
 	if maxTokens > 0 {
 		msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
@@ -247,7 +246,7 @@ func contextLengthError(r *policy.Request, window, tokens, maxTokens int) *opena
 		msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
 			window, tokens)
 	}
-	e := invalid(http.StatusBadRequest, CodeContextLength, msg)
+	e := policy.Fail(CodeContextLength, msg)
 	switch r.Kind {
 	case openai.KindChat:
 		e.Param = "messages"
@@ -386,8 +385,7 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 			if done != nil {
 				done(errExcluded)
 			}
-			e := openai.NewError(http.StatusServiceUnavailable, "server_error", CodeLoadShed,
-				fmt.Sprintf("the route is saturated (degradation level 2): requests of priority below %d are shed, this tenant's priority is %d", g.p.Degrade.ShedBelowPriority, pr))
+			e := policy.Fail(CodeLoadShed, fmt.Sprintf("the route is saturated (degradation level 2): requests of priority below %d are shed, this tenant's priority is %d", g.p.Degrade.ShedBelowPriority, pr))
 			e.RetryAfter = time.Second
 			return g.reject(e), nil
 		}
@@ -405,7 +403,7 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 	rej, tokens := g.check(r, bk, level, maxTokens, now, &m)
 	reroute := ""
 	if rej != nil && level >= 1 && g.p.Degrade.LongContextCluster != "" &&
-		(rej.Code == CodePromptTooLarge || rej.Code == CodeSurge) {
+		(rej.Class == CodePromptTooLarge || rej.Class == CodeSurge) {
 		// Rerouted instead of rejected; still an explosion for the tenant's breaker. A shape
 		// signal checked after the size signals may still reject it.
 		reroute = g.p.Degrade.LongContextCluster
@@ -458,26 +456,24 @@ func (g *Guard) breakerIdentity(r *policy.Request) (string, bool) {
 	return "", false
 }
 
-func (g *Guard) reject(e *openai.Error) policy.Decision {
+func (g *Guard) reject(e *policy.Failure) policy.Decision {
 	for i, c := range codesArr {
-		if c == e.Code {
+		if c == e.Class {
 			g.rejected[i].Add(1)
 		}
 	}
 	return policy.Decision{Reject: e}
 }
 
-func breakerError(br *breaker, err error, openFor time.Duration) *openai.Error {
-	var e *openai.Error
+func breakerError(br *breaker, err error, openFor time.Duration) *policy.Failure {
+	var e *policy.Failure
 	if err == gobreaker.ErrTooManyRequests {
-		e = openai.NewError(http.StatusServiceUnavailable, "server_error", CodeBreakerOpen,
-			"this tenant's breaker for the route is half-open and its probe requests are in flight; retry shortly")
+		e = policy.Fail(CodeBreakerOpen, "this tenant's breaker for the route is half-open and its probe requests are in flight; retry shortly")
 		e.RetryAfter = time.Second
 		return e
 	}
 	ra := br.retryAfter(openFor)
-	e = openai.NewError(http.StatusServiceUnavailable, "server_error", CodeBreakerOpen,
-		fmt.Sprintf("this tenant's breaker for the route is open after repeated oversized or malformed prompts; it lets requests through again in %s", ra.Round(time.Second)))
+	e = policy.Fail(CodeBreakerOpen, fmt.Sprintf("this tenant's breaker for the route is open after repeated oversized or malformed prompts; it lets requests through again in %s", ra.Round(time.Second)))
 	e.RetryAfter = ra
 	return e
 }
@@ -511,21 +507,17 @@ func (m *measurement) release() {
 	}
 }
 
-func invalid(status int, code, msg string) *openai.Error {
-	return openai.NewError(status, "invalid_request_error", code, msg)
-}
-
 // check runs the shape and size signals, then repetition. It returns the first failure (size
 // failures before repetition) and the prompt tokens it settled on (exact or estimate).
-func (g *Guard) check(r *policy.Request, bk baseKey, level, maxTokens int, now time.Time, m *measurement) (*openai.Error, int) {
+func (g *Guard) check(r *policy.Request, bk baseKey, level, maxTokens int, now time.Time, m *measurement) (*policy.Failure, int) {
 	p := &g.p
 	tokens := r.PromptTokens
 	if g.on.depth && r.Depth > p.MaxDepth {
-		return invalid(http.StatusBadRequest, CodePromptTooDeep,
+		return policy.Fail(CodePromptTooDeep,
 			fmt.Sprintf("message content is nested %d levels deep, the route's limit is %d", r.Depth, p.MaxDepth)), tokens
 	}
 	if g.on.messages && r.Messages > p.MaxMessages {
-		return invalid(http.StatusBadRequest, CodeTooManyMessages,
+		return policy.Fail(CodeTooManyMessages,
 			fmt.Sprintf("request has %d messages, the route's limit is %d", r.Messages, p.MaxMessages)), tokens
 	}
 
@@ -571,26 +563,26 @@ func (g *Guard) check(r *policy.Request, bk baseKey, level, maxTokens int, now t
 	}
 	switch {
 	case limPrompt > 0 && tokens > limPrompt:
-		return invalid(http.StatusRequestEntityTooLarge, CodePromptTooLarge,
+		return policy.Fail(CodePromptTooLarge,
 			fmt.Sprintf("prompt is %d tokens, the route's limit is %d", tokens, limPrompt)), tokens
 	case limWindow > 0 && tokens > limWindow:
 		return contextLengthError(r, window, tokens, maxTokens), tokens
 	case limSurge > 0 && tokens > limSurge:
-		return invalid(http.StatusRequestEntityTooLarge, CodeSurge,
+		return policy.Fail(CodeSurge,
 			fmt.Sprintf("prompt is %d tokens, the surge limit is %d (%g × the p95 of %s recent prompts on the route, %d tokens, and never below %d)",
 				tokens, limSurge, factor, bk.name(), p95, p.SurgeFloorTokens)), tokens
 	}
 	return g.checkRepetition(r, m), tokens
 }
 
-func (g *Guard) checkRepetition(r *policy.Request, m *measurement) *openai.Error {
+func (g *Guard) checkRepetition(r *policy.Request, m *measurement) *policy.Failure {
 	if !g.on.repetition {
 		return nil
 	}
 	p := &g.p
 	rep := repetition(m.text(r).segs, p.RepetitionNgram, p.RepetitionMinWords, p.RepetitionSampleBytes)
 	if rep > p.MaxRepetition {
-		return invalid(http.StatusBadRequest, CodeRepetitive,
+		return policy.Fail(CodeRepetitive,
 			fmt.Sprintf("%.0f%% of the prompt's %d-word sequences are repeats, the route's limit is %.0f%%", 100*rep, p.RepetitionNgram, 100*p.MaxRepetition))
 	}
 	return nil
@@ -651,15 +643,15 @@ func (g *Guard) Observe(_ context.Context, r *policy.Request, o policy.Outcome) 
 
 // Stats are the guard's counters since it was built.
 type Stats struct {
-	Admitted     uint64            // requests admitted (rerouted ones included)
-	Rejected     map[string]uint64 // rejections by code (every code present, 0 included)
-	Rerouted     uint64            // oversized prompts sent to the long-context cluster
-	Capped       uint64            // requests whose max_tokens was capped
-	ExactCounts  uint64            // exact (tiktoken) counts made
-	ExactSkipped uint64            // exact counts skipped because all slots were busy
-	InFlight     int64             // admitted requests not yet settled
-	Level        int               // degradation level now
-	Trips        uint64            // times a breaker of the guard opened
+	Admitted     uint64                  // requests admitted (rerouted ones included)
+	Rejected     map[policy.Class]uint64 // rejections by code (every code present, 0 included)
+	Rerouted     uint64                  // oversized prompts sent to the long-context cluster
+	Capped       uint64                  // requests whose max_tokens was capped
+	ExactCounts  uint64                  // exact (tiktoken) counts made
+	ExactSkipped uint64                  // exact counts skipped because all slots were busy
+	InFlight     int64                   // admitted requests not yet settled
+	Level        int                     // degradation level now
+	Trips        uint64                  // times a breaker of the guard opened
 }
 
 // Stats returns the counters (the gateway exports them as metrics).
@@ -667,7 +659,7 @@ func (g *Guard) Stats() Stats {
 	s := Stats{
 		Admitted: g.admitted.Load(), Rerouted: g.rerouted.Load(), Capped: g.capped.Load(),
 		ExactCounts: g.exact.Load(), ExactSkipped: g.exactSkipped.Load(), InFlight: g.inflight.Load(),
-		Level: g.Level(), Trips: g.trips.Load(), Rejected: make(map[string]uint64, len(codesArr)),
+		Level: g.Level(), Trips: g.trips.Load(), Rejected: make(map[policy.Class]uint64, len(codesArr)),
 	}
 	for i, c := range codesArr {
 		s.Rejected[c] = g.rejected[i].Load()

@@ -25,7 +25,7 @@ func TestShapeSignals(t *testing.T) {
 		p      Params
 		r      func(t *testing.T) *policy.Request
 		status int
-		code   string
+		code   policy.Class
 		msg    []string
 	}{
 		{"depth below", Params{}, func(t *testing.T) *policy.Request { return chat(t, "a", 0, nested(63)) }, 0, "", nil},

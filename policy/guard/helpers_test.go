@@ -138,12 +138,12 @@ func admitOK(t testing.TB, g *Guard, r *policy.Request, o policy.Outcome) {
 	d.Done(o)
 }
 
-func wantReject(t testing.TB, d policy.Decision, status int, code string, msgParts ...string) {
+func wantReject(t testing.TB, d policy.Decision, status int, code policy.Class, msgParts ...string) {
 	t.Helper()
 	if d.Reject == nil {
 		t.Fatalf("admitted, want %d %s", status, code)
 	}
-	if d.Reject.Status != status || d.Reject.Code != code {
+	if d.Reject.Status != status || d.Reject.Class != code || d.Reject.Code != string(code) {
 		t.Fatalf("got %d %s (%s), want %d %s", d.Reject.Status, d.Reject.Code, d.Reject.Message, status, code)
 	}
 	for _, p := range msgParts {

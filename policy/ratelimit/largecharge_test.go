@@ -110,7 +110,7 @@ func TestTooLarge(t *testing.T) {
 			for k, v := range d.Header {
 				w.Header()[k] = v
 			}
-			openai.WriteError(w, e)
+			openai.WriteError(w, e.OpenAI())
 			if got := w.Header().Get("Retry-After"); got != "" {
 				t.Errorf("Retry-After = %q", got)
 			}
@@ -335,7 +335,7 @@ func TestSettlementSaturates(t *testing.T) {
 		t.Errorf("reset = %q (%v)", d.Header.Get(HeaderResetTokens), err)
 	}
 	w := httptest.NewRecorder()
-	openai.WriteError(w, d.Reject)
+	openai.WriteError(w, d.Reject.OpenAI())
 	if n, err := strconv.ParseInt(w.Header().Get("Retry-After"), 10, 64); err != nil || n <= 0 {
 		t.Errorf("Retry-After = %q", w.Header().Get("Retry-After"))
 	}

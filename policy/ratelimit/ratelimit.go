@@ -265,9 +265,8 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 			// Give back what was taken locally.
 			l.giveBack(b, charge, now)
 			l.rejected[rejGlobal].Add(1)
-			e := openai.NewError(http.StatusTooManyRequests, l.globalType(), "rate_limit_exceeded",
-				"Rate limit reached (global limit"+tenantPart(tenant)+"). Please try again in "+formatReset(retry)+".")
-			e.RetryAfter = retry
+			e := policy.Fail(policy.ClassRateLimited, "Rate limit reached (global limit"+tenantPart(tenant)+"). Please try again in "+formatReset(retry)+".")
+			e.Type, e.RetryAfter = l.globalType(), retry
 			return policy.Decision{Reject: e, Header: l.headers(b, now)}, nil
 		default:
 			l.global.ok(l.log)
@@ -488,7 +487,7 @@ func (l *Limiter) globalType() string {
 }
 
 // limitError is OpenAI's 429: type "requests" or "tokens", code "rate_limit_exceeded".
-func (l *Limiter) limitError(b *bucket, tenant string, reason, charge int, delay time.Duration) *openai.Error {
+func (l *Limiter) limitError(b *bucket, tenant string, reason, charge int, delay time.Duration) *policy.Failure {
 	var msg, typ string
 	if reason == rejRequests {
 		typ = "requests"
@@ -499,14 +498,14 @@ func (l *Limiter) limitError(b *bucket, tenant string, reason, charge int, delay
 		msg = fmt.Sprintf("Rate limit reached on tokens per min (TPM)%s: Limit %s, Requested %d. Please try again in %s.",
 			tenantPart(tenant), b.tpmS, charge, formatReset(delay))
 	}
-	e := openai.NewError(http.StatusTooManyRequests, typ, "rate_limit_exceeded", msg)
-	e.RetryAfter = delay
+	e := policy.Fail(policy.ClassRateLimited, msg)
+	e.Type, e.RetryAfter = typ, delay // OpenAI's types for its rate limits
 	return e
 }
 
 // tooLargeError is OpenAI's 429 for a request larger than the TPM limit: it can never be
 // admitted, so it has no Retry-After.
-func (l *Limiter) tooLargeError(b *bucket, tenant, model string, charge int) *openai.Error {
+func (l *Limiter) tooLargeError(b *bucket, tenant, model string, charge int) *policy.Failure {
 	limit := b.tpmS
 	if b.maxCharge > b.tpm {
 		limit += " (bucket " + formatCount(b.maxCharge) + ")"
@@ -514,18 +513,20 @@ func (l *Limiter) tooLargeError(b *bucket, tenant, model string, charge int) *op
 	if model != "" {
 		model = " for " + model
 	}
-	return openai.NewError(http.StatusTooManyRequests, "tokens", "rate_limit_exceeded",
+	e := policy.Fail(policy.ClassRateLimited,
 		fmt.Sprintf("Request too large%s on tokens per min (TPM)%s: Limit %s, Requested %d. The input or output tokens must be reduced in order to run successfully.",
 			model, tenantPart(tenant), limit, charge))
+	e.Type = "tokens"
+	return e
 }
 
 // authError is OpenAI's 401 invalid_api_key; it never quotes the key.
-func authError(h http.Header) *openai.Error {
+func authError(h http.Header) *policy.Failure {
 	msg := "Incorrect API key provided."
 	if h == nil || KeyFromHeader(h) == "" {
 		msg = "You didn't provide an API key. Provide it in an Authorization header (Authorization: Bearer YOUR_KEY)."
 	}
-	return openai.NewError(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", msg)
+	return policy.Fail(policy.ClassInvalidAPIKey, msg)
 }
 
 // settlement reconciles one request's token charge with its real usage.

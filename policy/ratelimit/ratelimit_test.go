@@ -223,7 +223,7 @@ func TestRetryAfter(t *testing.T) {
 				t.Errorf("RetryAfter = %v, want %v", e.RetryAfter, tc.wantRetry)
 			}
 			w := httptest.NewRecorder()
-			openai.WriteError(w, e)
+			openai.WriteError(w, e.OpenAI())
 			if got := w.Header().Get("Retry-After"); got != tc.wantHdr {
 				t.Errorf("Retry-After = %q, want %q", got, tc.wantHdr)
 			}

@@ -117,7 +117,7 @@ func TestBreakerExcludedDoNotCount(t *testing.T) {
 	}
 	// Verdicts of the request path's classes.
 	for _, tc := range []struct {
-		class            string
+		class            policy.Class
 		status           int
 		failed, excluded bool
 	}{

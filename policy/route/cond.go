@@ -25,7 +25,7 @@ func Moves(c policy.Candidate, cond string) bool {
 // own total time-out). An answer matching a contract in contracts is policy.CondContract,
 // whatever its class. The conditions the handler detects itself (breaker_open, overload) are
 // accepted as classes too.
-func ConditionOf(class string, status int, errCode string, contracts []Contract) string {
+func ConditionOf(class policy.Class, status int, errCode string, contracts []Contract) string {
 	if status >= 400 || class != "" {
 		for _, c := range contracts {
 			if c.Matches(status, errCode) {
@@ -50,8 +50,8 @@ func ConditionOf(class string, status int, errCode string, contracts []Contract)
 		return policy.Cond429
 	case policy.ClassStreamCut, policy.ClassIdleTimeout, policy.ClassStreamError:
 		return policy.CondStreamCut
-	case policy.CondBreakerOpen, policy.CondOverload, policy.CondContract:
-		return class
+	case policy.Class(policy.CondBreakerOpen), policy.Class(policy.CondOverload), policy.Class(policy.CondContract):
+		return string(class)
 	case "":
 		switch {
 		case status == 429:
@@ -71,7 +71,7 @@ func ConditionOf(class string, status int, errCode string, contracts []Contract)
 // serve this route). Excluded: client cancels, the route's total time-out, the gateway's
 // shutdown, 4xx (429 included: an overloaded server is the fallback chain's business, not a
 // broken one) and unknown classes below 500.
-func Verdict(class string, status int, errCode string, contracts []Contract) (failed, excluded bool) {
+func Verdict(class policy.Class, status int, errCode string, contracts []Contract) (failed, excluded bool) {
 	if ConditionOf(class, status, errCode, contracts) == policy.CondContract {
 		return true, false
 	}

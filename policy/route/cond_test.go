@@ -9,7 +9,7 @@ import (
 func TestConditionOf(t *testing.T) {
 	contracts := []Contract{{Status: 400, Code: "unknown_parameter"}, {Code: "model_not_found"}, {Status: 422}}
 	for _, tc := range []struct {
-		class  string
+		class  policy.Class
 		status int
 		code   string
 		want   string

@@ -333,12 +333,12 @@ func (rt *Router) Spec() Spec { return rt.spec }
 func (rt *Router) Clusters() []string { return slices.Clone(rt.clusterSummary) }
 
 // Condition is ConditionOf with the route's contract-mismatch list.
-func (rt *Router) Condition(class string, status int, errCode string) string {
+func (rt *Router) Condition(class policy.Class, status int, errCode string) string {
 	return ConditionOf(class, status, errCode, rt.spec.ContractMismatch)
 }
 
 // Verdict is the package's Verdict with the route's contract-mismatch list.
-func (rt *Router) Verdict(class string, status int, errCode string) (failed, excluded bool) {
+func (rt *Router) Verdict(class policy.Class, status int, errCode string) (failed, excluded bool) {
 	return Verdict(class, status, errCode, rt.spec.ContractMismatch)
 }
 
