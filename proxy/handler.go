@@ -152,7 +152,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	bt := st.batchers[rt.Index]
 	batched := bt != nil && bt.Batchable(req)
 	if !batched {
-		if mj := h.srv.shadow.offer(rt, preq, r, ex, plan); mj != nil {
+		if mj := h.srv.shadow.offer(st, rt, preq, r, ex, plan); mj != nil {
 			defer mj.primaryDone(ex, &res) // after finish, on every path
 		}
 	}

@@ -194,33 +194,26 @@ func (c *capture) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// shadowing holds the routes' mirrors. The handler reads the route map without a lock (it is
-// replaced whole); sync, judging and closing are serialised by mu.
+// shadowing runs the routes' mirrors. The mirrors themselves belong to the config's
+// generation (state.mirrors), swapped with its routes in one step; sync, judging and closing
+// are serialised by mu.
 type shadowing struct {
 	srv      *Server
 	mu       sync.Mutex
 	judging  sync.Mutex
-	routes   atomic.Pointer[map[string]*mirrorRoute]
 	store    atomic.Pointer[shadow.Store] // opened when a route first mirrors
 	storeErr error
+	closed   bool
 }
 
-func newShadowing(s *Server) *shadowing {
-	sh := &shadowing{srv: s}
-	sh.routes.Store(&map[string]*mirrorRoute{})
-	return sh
-}
+func newShadowing(s *Server) *shadowing { return &shadowing{srv: s} }
 
-// route returns the named route's mirror, or nil.
-func (sh *shadowing) route(name string) *mirrorRoute { return (*sh.routes.Load())[name] }
-
-// list returns the mirrors in the order of the config's routes.
+// list returns the serving generation's mirrors in the order of its routes.
 func (sh *shadowing) list() []*mirrorRoute {
 	st := sh.srv.state.Load()
-	routes := *sh.routes.Load()
 	var out []*mirrorRoute
 	for _, r := range st.snap.Routes {
-		if mr := routes[r.Name]; mr != nil {
+		if mr := st.mirrors[r.Name]; mr != nil {
 			out = append(out, mr)
 		}
 	}
@@ -241,9 +234,11 @@ func identityOf(m *config.Mirror) string {
 	return id
 }
 
-// sync brings the mirrors in line with a new config: new routes start a mirror, removed
-// ones stop theirs, changed ones keep what they can.
-func (sh *shadowing) sync(c *config.Config) {
+// sync brings the mirrors of old (the serving generation's) in line with the config of next,
+// the generation about to serve: new routes start a mirror, removed ones stop theirs, changed
+// ones keep what they can. swap puts next to work with its mirrors, in one step with its
+// routes; the mirrors next no longer has stop after it.
+func (sh *shadowing) sync(old map[string]*mirrorRoute, next *state, swap func()) {
 	var halts []func()
 	defer func() {
 		// Outside the lock: a stopping worker may still be finishing its pair.
@@ -253,8 +248,12 @@ func (sh *shadowing) sync(c *config.Config) {
 	}()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	old := *sh.routes.Load()
-	next := make(map[string]*mirrorRoute, len(old))
+	if sh.closed {
+		swap() // shutting down: no mirror starts again
+		return
+	}
+	c := next.snap.Config
+	mirrors := make(map[string]*mirrorRoute, len(old))
 	for _, r := range c.Routes {
 		m := r.Mirror
 		if m == nil {
@@ -264,9 +263,7 @@ func (sh *shadowing) sync(c *config.Config) {
 		qkey := strconv.Itoa(m.MaxQueue) + "/" + strconv.Itoa(m.MaxConcurrency)
 		mr := old[r.Name]
 		if mr != nil && mr.identity != identity {
-			mr.retired.Store(true)
-			halts = append(halts, mr.halter())
-			mr = nil
+			mr = nil // retired below: a new comparison starts
 		}
 		if mr == nil {
 			sh.openStore(c)
@@ -274,27 +271,31 @@ func (sh *shadowing) sync(c *config.Config) {
 				schemas: shadow.NewSchemaCache(shadow.DefaultSchemaCacheSize)}
 			sh.restore(mr, c.Shadow.Window)
 		}
-		next[r.Name] = mr
+		mirrors[r.Name] = mr
 		mr.cfg.Store(m)
 		if mr.lane.Load() == nil || mr.qkey != qkey {
 			halts = append(halts, mr.halter())
 			mr.start(sh, qkey, m)
 		}
 	}
+	next.mirrors = mirrors
+	swap()
+	// The generation that no longer serves keeps its mirrors until the swap: then those the
+	// new one does not have stop.
 	for name, mr := range old {
-		if next[name] == nil {
+		if mirrors[name] != mr {
 			mr.retired.Store(true)
 			halts = append(halts, mr.halter())
 		}
 	}
-	sh.routes.Store(&next)
 }
 
 // close stops every mirror and closes the store (at shutdown).
 func (sh *shadowing) close() {
 	sh.mu.Lock()
+	sh.closed = true
 	var halts []func()
-	for _, mr := range *sh.routes.Load() {
+	for _, mr := range sh.srv.state.Load().mirrors {
 		halts = append(halts, mr.halter())
 	}
 	sh.mu.Unlock()
@@ -350,7 +351,7 @@ func (mr *mirrorRoute) halter() func() {
 // waits, and does no more than a hash, a header copy and a channel send: a full queue drops
 // the copy (counted). The returned job, when not nil, must get the primary's answer through
 // primaryDone.
-func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *http.Request, ex *exchange, plan []policy.Candidate) *mirrorJob {
+func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Request, r *http.Request, ex *exchange, plan []policy.Candidate) *mirrorJob {
 	m := rt.Mirror
 	if m == nil || !mirrorable(preq) {
 		return nil
@@ -368,7 +369,7 @@ func (sh *shadowing) offer(rt *config.CompiledRoute, preq *policy.Request, r *ht
 	if !shadow.Sampled(rt.Name, key, m.Fraction) {
 		return nil
 	}
-	mr := sh.route(rt.Name)
+	mr := st.mirrors[rt.Name]
 	if mr == nil {
 		return nil
 	}

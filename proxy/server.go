@@ -124,6 +124,9 @@ type state struct {
 	stop      context.CancelFunc // stops this generation's health checks
 	ctx       context.Context    // this generation's: its health checks run until stop
 	metrics   map[string]string  // endpoint URL → its metrics URL, for the scraper
+	// mirrors are the routes' running mirrors (by route name), nil until the server starts:
+	// a generation's routes and mirrors serve together.
+	mirrors map[string]*mirrorRoute
 }
 
 // tenantResolver names the tenant of a request from its API key.
@@ -444,13 +447,17 @@ func (s *Server) Start() error {
 	if err := s.scraper.Start(s.baseCtx); err != nil {
 		s.log.Warn("load signals not started", "err", err)
 	}
-	s.shadow.sync(c)
+	s.reloadMu.Lock()
+	cur := s.state.Load()
+	st := *cur // the same generation, now with its mirrors running
+	s.shadow.sync(nil, &st, func() { s.state.Store(&st) })
+	s.started.Store(true) // under reloadMu: every generation applied from now on mirrors
+	s.reloadMu.Unlock()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.judgeLoop(s.baseCtx)
 	}()
-	s.started.Store(true)
 	if !s.opts.AwaitConfig || s.applied.Load() {
 		s.ready.Store(true)
 	}
@@ -564,7 +571,11 @@ func (s *Server) applyLocked(c *config.Config) error {
 	}
 	s.start(st)
 	oc := old.snap.Config
-	s.state.Store(st)
+	if s.started.Load() {
+		s.shadow.sync(old.mirrors, st, func() { s.state.Store(st) })
+	} else {
+		s.state.Store(st)
+	}
 	if !reflect.DeepEqual(c.Chaos.Faults, oc.Chaos.Faults) {
 		// Validated with the config: this replaces the configured faults (and any set
 		// through the admin API) with the file's.
@@ -576,9 +587,6 @@ func (s *Server) applyLocked(c *config.Config) error {
 		s.certs.set(c.TLS.CertFile, c.TLS.KeyFile)
 	}
 	old.close(st)
-	if s.started.Load() {
-		s.shadow.sync(c)
-	}
 	s.tel.SetConfigInfo(c.Version)
 	s.log.Info("config reloaded", "source", c.Source, "version", c.Version)
 	return nil

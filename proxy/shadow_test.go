@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"fmt"
 	"net/http"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +89,85 @@ func TestMirrorHeaderAndQuery(t *testing.T) {
 		if got := mirrorQuery(raw); got != want {
 			t.Errorf("mirrorQuery(%q) = %q, want %q", raw, got, want)
 		}
+	}
+}
+
+// TestMirrorsSwapWithRoutes: a generation's routes and mirrors serve together. Every state a
+// request can load has a running mirror for each route that mirrors, comparing what that
+// route's config names, and none for a route that does not, while reloads change the mirror's
+// candidate and take the mirror away and back.
+func TestMirrorsSwapWithRoutes(t *testing.T) {
+	store := filepath.Join(t.TempDir(), "shadow.db")
+	cfgFor := func(i int) string {
+		mirror := ""
+		switch i % 3 {
+		case 0:
+			mirror = "\n    mirror: {cluster: a, fraction: 1}"
+		case 1:
+			mirror = "\n    mirror: {cluster: b, fraction: 1}"
+		}
+		return fmt.Sprintf(`listen: 127.0.0.1:0
+admin: {listen: 127.0.0.1:0}
+shadow: {store: %q}
+clusters:
+  - {name: main, endpoints: [{url: "http://127.0.0.1:1"}], health_check: {disabled: true}}
+  - {name: a, endpoints: [{url: "http://127.0.0.1:2"}], health_check: {disabled: true}}
+  - {name: b, endpoints: [{url: "http://127.0.0.1:3"}], health_check: {disabled: true}}
+routes:
+  - name: chat
+    splits: [{cluster: main, weight: 100}]%s
+`, store, mirror)
+	}
+	srv := startTestServer(t, cfgFor(0))
+
+	check := func(st *state) error {
+		for _, rt := range st.snap.Routes {
+			mr := st.mirrors[rt.Name]
+			switch {
+			case rt.Mirror == nil && mr != nil:
+				return fmt.Errorf("route %s mirrors nothing, but its generation has a mirror of %s", rt.Name, mr.identity)
+			case rt.Mirror != nil && mr == nil:
+				return fmt.Errorf("route %s mirrors to %s, but its generation has no mirror", rt.Name, rt.Mirror.Cluster)
+			case rt.Mirror != nil && (mr.identity != identityOf(rt.Mirror) || mr.lane.Load() == nil || mr.retired.Load()):
+				return fmt.Errorf("route %s mirrors to %s, but its generation's mirror is of %s (retired %v)",
+					rt.Name, rt.Mirror.Cluster, mr.identity, mr.retired.Load())
+			}
+		}
+		return nil
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		defer close(errs)
+		for n := 0; n < 1_000_000; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// (A generation that was swapped out while it was checked may have stopped its
+			// mirrors since: only the serving one must hold.)
+			if st := srv.state.Load(); check(st) != nil && srv.state.Load() == st {
+				errs <- check(st)
+				return
+			}
+			runtime.Gosched()
+		}
+	}()
+	for i := 1; i <= 30; i++ {
+		c, err := config.Parse([]byte(cfgFor(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Apply(c); err != nil {
+			t.Fatalf("apply %d: %v", i, err)
+		}
+	}
+	close(stop)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if err := check(srv.state.Load()); err != nil {
+		t.Fatal(err)
 	}
 }
