@@ -20,13 +20,64 @@ type Spec struct {
 // Env is what a factory gets besides its params.
 type Env struct {
 	Route  string // the route the policy belongs to ("" for a global one)
+	Name   TypedName
 	Clock  Clock
 	Logger *slog.Logger
 }
 
-// Factory builds a policy from its params. The result implements Admitter, Observer, or both.
-// A factory validates its params whole and returns every problem at once.
-type Factory func(params json.RawMessage, env Env) (any, error)
+// TypedName is a built policy's type and name (its spec's name, else its type).
+type TypedName struct{ Type, Name string }
+
+// Named is what a policy embeds to be a Plugin (set it from Env.Named).
+type Named struct{ id TypedName }
+
+// TypedName is the policy's type and name.
+func (n Named) TypedName() TypedName { return n.id }
+
+// Named is the Named of the policy a factory builds.
+func (e Env) Named() Named { return Named{e.Name} }
+
+// Plugin is a built policy. What it does is discovered, not declared: the contracts it
+// implements (Admitter, Observer) and the small interfaces the gateway looks for
+// (PrioritySetter, LoadAware, ClusterUser, io.Closer; the send step's batcher, the admin
+// API's views), as grpc-go's balancers and GAIE's plugins are.
+type Plugin interface {
+	TypedName() TypedName
+}
+
+// PrioritySetter is a plugin that orders tenants by priority (configured on tenants[]).
+type PrioritySetter interface {
+	SetPriorities(byTenant map[string]int)
+}
+
+// LoadSource gives the model servers' own signals for a cluster: requests waiting in the
+// server's queue and KV-cache use (0–1), aggregated over its endpoints; fresh is false when
+// there is no recent scrape (the signals are then ignored). It may be called with a policy's
+// lock held, and must not block.
+type LoadSource interface {
+	ClusterLoad(cluster string) (waiting, kvUsage float64, fresh bool)
+}
+
+// LoadFunc adapts a function to a LoadSource.
+type LoadFunc func(cluster string) (waiting, kvUsage float64, fresh bool)
+
+// ClusterLoad calls f.
+func (f LoadFunc) ClusterLoad(cluster string) (float64, float64, bool) { return f(cluster) }
+
+// LoadAware is a plugin that reads the clusters' load.
+type LoadAware interface {
+	SetLoadSource(LoadSource)
+}
+
+// ClusterUser is a plugin that names clusters in its params (by the param's path): the gateway
+// checks them against the config's.
+type ClusterUser interface {
+	Clusters() map[string]string
+}
+
+// Factory builds a policy from its params. A factory validates its params whole and returns
+// every problem at once.
+type Factory func(params json.RawMessage, env Env) (Plugin, error)
 
 var (
 	registryMu sync.RWMutex
@@ -56,7 +107,7 @@ func Types() []string {
 }
 
 // Build builds a policy from its Spec.
-func Build(s Spec, env Env) (any, error) {
+func Build(s Spec, env Env) (Plugin, error) {
 	registryMu.RLock()
 	f := registry[s.Type]
 	registryMu.RUnlock()
@@ -73,16 +124,11 @@ func Build(s Spec, env Env) (any, error) {
 	if env.Logger == nil {
 		env.Logger = slog.New(slog.DiscardHandler)
 	}
-	p, err := f(raw, env)
-	if err != nil {
-		return nil, err
+	env.Name = TypedName{Type: s.Type, Name: s.Name}
+	if env.Name.Name == "" {
+		env.Name.Name = s.Type
 	}
-	_, isA := p.(Admitter)
-	_, isO := p.(Observer)
-	if !isA && !isO {
-		return nil, fmt.Errorf("policy type %q built a %T, which is neither an Admitter nor an Observer", s.Type, p)
-	}
-	return p, nil
+	return f(raw, env)
 }
 
 // DecodeParams decodes params strictly (unknown fields are errors) into v. Factories use it.

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/policy/batch"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
@@ -17,7 +16,7 @@ import (
 // (model, encoding, dimensions, tenant) into one upstream request, which goes through the same
 // forward loop (picking, retries, fallbacks) as any request; the caller gets its own part of
 // the answer back.
-func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, plan []policy.Candidate, bt *batch.Batcher) result {
+func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, plan []policy.Candidate, bt batcher) result {
 	preq := ex.preq
 	var served result // the merged request's forward result (cluster, attempts)
 	status, hdr, body, err := bt.Do(ctx, preq.Request, preq.Tenant, func(sctx context.Context, merged []byte) (int, http.Header, []byte, error) {

@@ -1,18 +1,20 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
 	"slices"
 	"strings"
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/batch"
-	"github.com/sluicegw/sluice/policy/concurrency"
-	"github.com/sluicegw/sluice/policy/guard"
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // admissionOrder is the order of the admission chain by policy type (DESIGN.md: rate limits,
@@ -31,7 +33,7 @@ type builtPolicy struct {
 	typ   string
 	name  string
 	route string
-	impl  any
+	impl  policy.Plugin
 }
 
 // buildKeyring reads the tenants' keys.
@@ -64,7 +66,7 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 		priorities[t.Name] = t.Priority
 	}
 	var problems []string
-	st.batchers = make([]*batch.Batcher, len(st.snap.Routes))
+	st.batchers = make([]batcher, len(st.snap.Routes))
 	for i, r := range st.snap.Routes {
 		env := policy.Env{Route: r.Name, Clock: policy.SystemClock{}, Logger: s.log.With("route", r.Name)}
 		specs := slices.Clone(r.Policies)
@@ -82,21 +84,20 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 			}
 			bp := old[key]
 			if bp == nil {
-				impl, err := buildPolicy(spec, env)
+				impl, err := policy.Build(spec, env)
 				if err != nil {
 					problems = append(problems, fmt.Sprintf("routes[%d].policies[%d] (%s): %v", i, j, spec.Type, err))
 					continue
 				}
-				name := spec.Name
-				if name == "" {
-					name = spec.Type
-				}
-				bp = &builtPolicy{key: key, typ: spec.Type, name: name, route: r.Name, impl: impl}
+				tn := impl.TypedName()
+				bp = &builtPolicy{key: key, typ: tn.Type, name: tn.Name, route: r.Name, impl: impl}
 			}
 			delete(old, key) // an instance serves one route of one generation
 			route = append(route, bp)
 		}
 		slices.SortStableFunc(route, func(a, b *builtPolicy) int { return orderOf(a.typ) - orderOf(b.typ) })
+		// What each plugin offers is discovered: the contracts it implements, and what the
+		// gateway gives those that ask (priorities, cluster load) or checks (clusters named).
 		for _, bp := range route {
 			if a, ok := bp.impl.(policy.Admitter); ok {
 				st.admitters[r.Name] = append(st.admitters[r.Name], a)
@@ -104,18 +105,21 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 			if o, ok := bp.impl.(policy.Observer); ok {
 				st.observers[r.Name] = append(st.observers[r.Name], o)
 			}
-			if g, ok := bp.impl.(*guard.Guard); ok {
-				if c := g.Params().Degrade.LongContextCluster; c != "" && st.clusters[c] == nil {
-					problems = append(problems, fmt.Sprintf("routes[%d].policies (guard): degrade.long_context_cluster: unknown cluster %q", i, c))
-				}
-				g.SetPriorities(priorities)
-			}
-			if b, ok := bp.impl.(*batch.Batcher); ok {
+			if b, ok := bp.impl.(batcher); ok {
 				st.batchers[i] = b
 			}
-			if c, ok := bp.impl.(*concurrency.Limiter); ok {
-				c.SetPriorities(priorities)
-				c.SetLoadSource(concurrency.LoadFunc(s.clusterLoad(st)))
+			if u, ok := bp.impl.(policy.ClusterUser); ok {
+				for _, param := range slices.Sorted(maps.Keys(u.Clusters())) {
+					if c := u.Clusters()[param]; st.clusters[c] == nil {
+						problems = append(problems, fmt.Sprintf("routes[%d].policies (%s): %s: unknown cluster %q", i, bp.typ, param, c))
+					}
+				}
+			}
+			if p, ok := bp.impl.(policy.PrioritySetter); ok {
+				p.SetPriorities(priorities)
+			}
+			if l, ok := bp.impl.(policy.LoadAware); ok {
+				l.SetLoadSource(policy.LoadFunc(s.clusterLoad(st)))
 			}
 		}
 		st.policies = append(st.policies, route...)
@@ -143,25 +147,16 @@ func retire(old, cur *state) {
 }
 
 func closePolicy(bp *builtPolicy) {
-	switch c := bp.impl.(type) {
-	case io.Closer:
+	if c, ok := bp.impl.(io.Closer); ok {
 		_ = c.Close()
-	case interface{ Close() }:
-		c.Close()
 	}
 }
 
-// buildPolicy builds one route policy. The batcher is not an admission policy (it sits at
-// the send step), so it is built by its own package rather than the registry.
-func buildPolicy(spec policy.Spec, env policy.Env) (any, error) {
-	if spec.Type != batch.Type {
-		return policy.Build(spec, env)
-	}
-	raw, err := json.Marshal(spec.Params)
-	if err != nil {
-		return nil, fmt.Errorf("params: %w", err)
-	}
-	return batch.FromSpec(raw, env)
+// batcher is a plugin that sends requests at the send step, merged with others (the batch
+// policy).
+type batcher interface {
+	Batchable(*openai.Request) bool
+	Do(ctx context.Context, req *openai.Request, tenant string, send batch.Send) (status int, header http.Header, body []byte, err error)
 }
 
 func policyKey(route string, s policy.Spec) (string, error) {

@@ -17,13 +17,28 @@ import (
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
-// guards and limiters of the generation now serving, in route order.
+// plugin is one of the serving generation's policies of type T, with its route and name.
+type plugin[T any] struct {
+	route, name string
+	p           T
+}
+
+// pluginsOf returns the generation's policies that are (or offer) T, in route order: the
+// admin API's views and the policy metrics read them.
+func pluginsOf[T any](st *state) []plugin[T] {
+	var out []plugin[T]
+	for _, bp := range st.policies {
+		if p, ok := bp.impl.(T); ok {
+			out = append(out, plugin[T]{bp.route, bp.name, p})
+		}
+	}
+	return out
+}
+
 func (st *state) guards() []*guard.Guard {
 	var out []*guard.Guard
-	for _, bp := range st.policies {
-		if g, ok := bp.impl.(*guard.Guard); ok {
-			out = append(out, g)
-		}
+	for _, g := range pluginsOf[*guard.Guard](st) {
+		out = append(out, g.p)
 	}
 	return out
 }
@@ -40,20 +55,16 @@ type namedConcurrency struct {
 
 func (st *state) concurrencyLimiters() []namedConcurrency {
 	var out []namedConcurrency
-	for _, bp := range st.policies {
-		if c, ok := bp.impl.(*concurrency.Limiter); ok {
-			out = append(out, namedConcurrency{bp.route, bp.name, c})
-		}
+	for _, c := range pluginsOf[*concurrency.Limiter](st) {
+		out = append(out, namedConcurrency{c.route, c.name, c.p})
 	}
 	return out
 }
 
 func (st *state) limiters() []namedLimiter {
 	var out []namedLimiter
-	for _, bp := range st.policies {
-		if l, ok := bp.impl.(*ratelimit.Limiter); ok {
-			out = append(out, namedLimiter{bp.route, bp.name, l})
-		}
+	for _, l := range pluginsOf[*ratelimit.Limiter](st) {
+		out = append(out, namedLimiter{l.route, l.name, l.p})
 	}
 	return out
 }

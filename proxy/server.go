@@ -20,7 +20,6 @@ import (
 
 	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/policy/batch"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
@@ -120,7 +119,7 @@ type state struct {
 	cors      cors            // the browser origins allowed
 	models    map[string]bool // the model names the config gives (see modelLabel)
 	policies  []*builtPolicy
-	batchers  []*batch.Batcher   // by route index; nil where the route does not batch
+	batchers  []batcher          // by route index; nil where the route does not batch
 	stop      context.CancelFunc // stops this generation's health checks
 	ctx       context.Context    // this generation's: its health checks run until stop
 	metrics   map[string]string  // endpoint URL → its metrics URL, for the scraper

@@ -27,9 +27,10 @@ var ErrClosed = errors.New("batch: batcher closed")
 // Batcher merges small requests with the same key into one upstream request and splits the
 // answer back. Create it with New; stop it with Close.
 type Batcher struct {
-	p       Params
-	clock   policy.Clock
-	itemCap int
+	policy.Named // its type and name: a policy.Plugin
+	p            Params
+	clock        policy.Clock
+	itemCap      int
 
 	mu     sync.Mutex
 	keys   map[string]*keyState // keys with an open, queued or in-flight batch
@@ -412,7 +413,7 @@ func (b *Batcher) Window() time.Duration {
 // Close sends the batches still open or waiting at once, waits for every batch in flight to be answered
 // (bounded by the send function's own time-outs), and stops every goroutine and timer of the
 // batcher. Later Do calls send their requests alone. Close is safe to call more than once.
-func (b *Batcher) Close() {
+func (b *Batcher) Close() error {
 	b.mu.Lock()
 	b.closed = true
 	for _, ks := range b.keys {
@@ -420,4 +421,5 @@ func (b *Batcher) Close() {
 	}
 	b.mu.Unlock()
 	b.wg.Wait()
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/test/sim"
 )
@@ -87,7 +89,7 @@ func newBatcher(t testing.TB, p Params, clock interface{ Now() time.Time }) *Bat
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(b.Close)
+	t.Cleanup(func() { _ = b.Close() })
 	return b
 }
 
@@ -159,4 +161,35 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
+}
+
+// TestRegistered: the batcher is built through the policy registry like every policy, named
+// by its spec, and offers what the send step and a reload look for.
+func TestRegistered(t *testing.T) {
+	p, err := policy.Build(policy.Spec{Type: Type, Name: "emb", Params: map[string]any{"max_items": 8}}, policy.Env{Route: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := p.(*Batcher)
+	if !ok {
+		t.Fatalf("built a %T", p)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	if got := p.TypedName(); got != (policy.TypedName{Type: "batch", Name: "emb"}) {
+		t.Errorf("TypedName = %+v", got)
+	}
+	if _, ok := p.(io.Closer); !ok {
+		t.Error("a batcher is not an io.Closer: a reload would leave its flushers running")
+	}
+	q, err := policy.Build(policy.Spec{Type: Type}, policy.Env{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.(*Batcher).Close() })
+	if got := q.TypedName().Name; got != "batch" {
+		t.Errorf("unnamed batcher's name %q, want its type", got)
+	}
+	if _, err := policy.Build(policy.Spec{Type: Type, Params: map[string]any{"max_itemz": 1}}, policy.Env{}); err == nil {
+		t.Error("unknown param accepted")
+	}
 }

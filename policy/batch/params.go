@@ -105,14 +105,25 @@ func (p Params) Validate() error {
 	return c.Err()
 }
 
+func init() { policy.Register(Type, factory) }
+
+func factory(params json.RawMessage, env policy.Env) (policy.Plugin, error) {
+	return FromSpec(params, env)
+}
+
 // FromSpec builds a Batcher from the params of a {type: batch} policy spec (strict: unknown
-// fields are errors; every problem is reported). The batcher is not an Admitter or an
-// Observer, so policy.Build does not build it: the gateway builds it with FromSpec where it
-// builds a route's policies, and closes it when the route's config is replaced.
+// fields are errors; every problem is reported). It is registered as the policy type batch:
+// not an Admitter or an Observer, it sits at the send step, where the gateway finds it by what
+// it offers (Batchable, Do).
 func FromSpec(params json.RawMessage, env policy.Env) (*Batcher, error) {
 	var p Params
 	if err := policy.DecodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	return New(p, env.Clock)
+	b, err := New(p, env.Clock)
+	if err != nil {
+		return nil, err
+	}
+	b.Named = env.Named()
+	return b, nil
 }

@@ -8,19 +8,11 @@ import (
 	"github.com/sluicegw/sluice/policy"
 )
 
-// LoadSource gives the model servers' own signals for a cluster: requests waiting in the
-// server's queue and KV-cache use (0–1), aggregated over its endpoints; fresh is false when
-// there is no recent scrape (the signals are then ignored). It is called with the limiter's
-// lock held, once per cluster per sample window, and must not block.
-type LoadSource interface {
-	ClusterLoad(cluster string) (waiting, kvUsage float64, fresh bool)
-}
+// LoadSource gives a cluster's model-server load (policy.LoadSource).
+type LoadSource = policy.LoadSource
 
-// LoadFunc adapts a function to LoadSource.
-type LoadFunc func(cluster string) (waiting, kvUsage float64, fresh bool)
-
-// ClusterLoad calls f.
-func (f LoadFunc) ClusterLoad(cluster string) (float64, float64, bool) { return f(cluster) }
+// LoadFunc adapts a function to a LoadSource (policy.LoadFunc).
+type LoadFunc = policy.LoadFunc
 
 const (
 	maxWindowSamples  = 1024 // samples kept per signal per window (later ones are dropped)

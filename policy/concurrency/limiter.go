@@ -28,7 +28,7 @@ const (
 
 func init() { policy.Register("concurrency", factory) }
 
-func factory(params json.RawMessage, env policy.Env) (any, error) {
+func factory(params json.RawMessage, env policy.Env) (policy.Plugin, error) {
 	var p Params
 	if err := policy.DecodeParams(params, &p); err != nil {
 		return nil, err
@@ -45,11 +45,12 @@ type AfterFuncer interface {
 // Limiter is the adaptive concurrency limiter of one route. It is safe for concurrent use and
 // starts no goroutine (a waiting Admit waits in its caller's goroutine).
 type Limiter struct {
-	p        Params // with defaults
-	adaptive bool
-	clock    policy.Clock
-	after    func(time.Duration, func()) func() bool
-	route    string
+	policy.Named        // its type and name: a policy.Plugin
+	p            Params // with defaults
+	adaptive     bool
+	clock        policy.Clock
+	after        func(time.Duration, func()) func() bool
+	route        string
 
 	mu       sync.Mutex
 	ctl      *controller
@@ -78,7 +79,7 @@ func New(p Params, env policy.Env) (*Limiter, error) {
 	if env.Clock == nil {
 		env.Clock = policy.SystemClock{}
 	}
-	l := &Limiter{p: p, adaptive: *p.Adaptive, clock: env.Clock, route: env.Route}
+	l := &Limiter{Named: env.Named(), p: p, adaptive: *p.Adaptive, clock: env.Clock, route: env.Route}
 	if a, ok := env.Clock.(AfterFuncer); ok {
 		l.after = a.AfterFunc
 	} else {

@@ -97,7 +97,7 @@ const (
 
 func init() { policy.Register("guard", factory) }
 
-func factory(params json.RawMessage, env policy.Env) (any, error) {
+func factory(params json.RawMessage, env policy.Env) (policy.Plugin, error) {
 	var p Params
 	if err := policy.DecodeParams(params, &p); err != nil {
 		return nil, err
@@ -107,9 +107,10 @@ func factory(params json.RawMessage, env policy.Env) (any, error) {
 
 // Guard is the prompt-explosion guard of one route. It is safe for concurrent use.
 type Guard struct {
-	p     Params // with defaults
-	clock policy.Clock
-	route string
+	policy.Named        // its type and name: a policy.Plugin
+	p            Params // with defaults
+	clock        policy.Clock
+	route        string
 
 	on struct{ promptTokens, contextWindow, depth, messages, repetition, surge, breaker bool }
 
@@ -145,7 +146,7 @@ func New(p Params, env policy.Env) (*Guard, error) {
 	if env.Clock == nil {
 		env.Clock = policy.SystemClock{}
 	}
-	g := &Guard{p: p, clock: env.Clock, route: env.Route, bases: map[baseKey]*baseline{}}
+	g := &Guard{Named: env.Named(), p: p, clock: env.Clock, route: env.Route, bases: map[baseKey]*baseline{}}
 	g.on.promptTokens = p.MaxPromptTokens > 0 && !p.disabled(SignalPromptTokens)
 	g.on.contextWindow = !p.disabled(SignalContextWindow)
 	g.on.depth = p.MaxDepth > 0 && !p.disabled(SignalDepth)
@@ -177,6 +178,15 @@ func Default(env policy.Env) (*Guard, error) { return New(Params{}, env) }
 
 // Params returns the guard's params, defaults filled in.
 func (g *Guard) Params() Params { return g.p }
+
+// Clusters is the cluster the guard reroutes oversized prompts to (degrade.long_context_cluster),
+// checked by the gateway against the config's (a policy.ClusterUser).
+func (g *Guard) Clusters() map[string]string {
+	if c := g.p.Degrade.LongContextCluster; c != "" {
+		return map[string]string{"degrade.long_context_cluster": c}
+	}
+	return nil
+}
 
 // SetPriorities sets the tenants' priorities used for shedding at level 2 (higher is more
 // important; tenants not in m have 0). It is safe to call while the guard serves.

@@ -67,7 +67,7 @@ import (
 
 func init() { policy.Register("ratelimit", factory) }
 
-func factory(params json.RawMessage, env policy.Env) (any, error) {
+func factory(params json.RawMessage, env policy.Env) (policy.Plugin, error) {
 	var p Params
 	if err := policy.DecodeParams(params, &p); err != nil {
 		return nil, fmt.Errorf("ratelimit: %w", err)
@@ -114,13 +114,14 @@ const (
 // Limiter is the rate limit policy: a policy.Admitter. It is safe for concurrent use.
 // Close it when its config is replaced if it uses the global service.
 type Limiter struct {
-	p       Params // with defaults
-	keyring *Keyring
-	clock   policy.Clock
-	log     *slog.Logger
-	route   string
-	global  *globalClient
-	sleep   func(ctx context.Context, d time.Duration) error // max_wait; tests replace it
+	policy.Named        // its type and name: a policy.Plugin
+	p            Params // with defaults
+	keyring      *Keyring
+	clock        policy.Clock
+	log          *slog.Logger
+	route        string
+	global       *globalClient
+	sleep        func(ctx context.Context, d time.Duration) error // max_wait; tests replace it
 
 	mu      sync.RWMutex
 	buckets map[string]*bucket
@@ -159,6 +160,7 @@ func New(p Params, keyring *Keyring, env policy.Env) (*Limiter, error) {
 		env.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := &Limiter{
+		Named:   env.Named(),
 		p:       p,
 		keyring: keyring,
 		clock:   env.Clock,
