@@ -45,4 +45,26 @@
 //	           usage); the other bytes are kept exactly
 //
 // A non-streaming JSON answer gets drift, corrupt and malformed only.
+//
+// # Kinds, by phase
+//
+// Each kind lives in one file, kind_<name>.go: its Kind constant and modes, the parameters
+// it takes and their problems, the phase it acts in, and what it does there, behind the
+// unexported faultKind interface (kind.go). The machinery dispatches by phase and never
+// names a kind: Spec.Validate checks the common keys and asks the kind about its own
+// parameters; Before hands each requestFault (phase beforeForwarding: delay, abort) a step
+// to wait on or abort; a stream hands each eventFault the event at hand, in phase order
+// (endsStream: cut, which also says how the stream ends on each side; onEvents: ttft,
+// stall, drip, drop, corrupt, drift, in the faults' order; lastOnEvents: malformed), and a
+// non-streaming body to each bodyFault (drift, corrupt, malformed). Optional interfaces
+// give a kind what it needs beyond that: opener for state of its own in each stream
+// (corrupt's generator, stall's token count), compiler for work done once when the fault
+// is set (drift's paths).
+//
+// To add a kind: write kind_<name>.go with its Kind constant, a type implementing faultKind
+// and requestFault or eventFault (and bodyFault, opener, compiler as needed), and add it to
+// registry in kind.go (which orders Kinds and sizes the counters); document it in the table
+// above. A new parameter is also a Spec field, a line of Spec.set and one of headerParams.
+// TestRegistry checks that every kind is registered once, consistent with its phase, and
+// documented here.
 package fault

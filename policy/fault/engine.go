@@ -43,8 +43,6 @@ func newKillSwitch() *killSwitch {
 	return &killSwitch{ctx: ctx, cancel: cancel}
 }
 
-const numKinds = 10 // len(Kinds), checked by a test
-
 type kindCounters struct {
 	injected, survived, clientErrors atomic.Uint64
 }
@@ -67,8 +65,11 @@ type fault struct {
 	threshold uint64
 	always    bool
 	never     bool
-	drift     *drift
 	header    bool
+	impl      faultKind    // what its kind does
+	req       requestFault // impl when it acts before forwarding, else nil
+	ev        eventFault   // impl when it acts on the answer's events, else nil
+	compiled  any          // what the kind compiled of the spec (a compiler's)
 
 	matched atomic.Uint64 // matching requests (for every)
 	fired   atomic.Uint64 // injections where it took effect
@@ -192,8 +193,11 @@ func (e *Engine) compile(s Spec, now time.Time, header bool) *fault {
 	default:
 		f.threshold = uint64(*s.Percent / 100 * (1 << 32))
 	}
-	if s.Kind == KindDrift {
-		f.drift = compileDrift(&s)
+	f.impl = byKind[s.Kind]
+	f.req, _ = f.impl.(requestFault)
+	f.ev, _ = f.impl.(eventFault)
+	if c, ok := f.impl.(compiler); ok {
+		f.compiled = c.compile(&f.spec)
 	}
 	return f
 }

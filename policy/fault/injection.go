@@ -1,18 +1,13 @@
 package fault
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"math"
 	"math/rand/v2"
-	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // Injection is the faults planned for one request. Its methods are nil-safe: on a nil
@@ -106,61 +101,6 @@ func (in *Injection) Fired() bool {
 	return false
 }
 
-// Abort is an injected error answer.
-type Abort struct {
-	// Side tells how to treat it: Upstream is the model server's answer (the gateway's
-	// retries, fallback and breakers react to it: use Response in place of the round trip);
-	// Downstream goes straight to the client (openai.WriteError).
-	Side    Side
-	FaultID string
-	Err     *openai.Error // status, OpenAI error body, Retry-After
-}
-
-// Response returns the abort as the model server's HTTP answer to req: the status,
-// Content-Type application/json, Retry-After when set, and the OpenAI error body.
-func (a *Abort) Response(req *http.Request) *http.Response {
-	body := a.Err.Body()
-	h := http.Header{}
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("X-Sluice-Fault", a.FaultID)
-	if a.Err.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.FormatInt(int64((a.Err.RetryAfter+time.Second-1)/time.Second), 10))
-	}
-	return &http.Response{
-		Status:        strconv.Itoa(a.Err.Status) + " " + http.StatusText(a.Err.Status),
-		StatusCode:    a.Err.Status,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        h,
-		Body:          io.NopCloser(bytes.NewReader(body)),
-		ContentLength: int64(len(body)),
-		Request:       req,
-	}
-}
-
-func newAbort(f *fault, side Side) *Abort {
-	status := f.spec.Status
-	if status == 0 {
-		status = DefaultAbortStatus
-	}
-	typ := "server_error"
-	switch {
-	case status == http.StatusTooManyRequests:
-		typ = "rate_limit_error"
-	case status < 500:
-		typ = "invalid_request_error"
-	}
-	msg := f.spec.Message
-	if msg == "" {
-		msg = "injected fault: abort " + strconv.Itoa(status)
-	}
-	e := openai.NewError(status, typ, "fault_injected", msg)
-	e.RetryAfter = f.spec.RetryAfter.D()
-	return &Abort{Side: side, FaultID: f.id, Err: e}
-}
-
 // Before runs the downstream request faults, once per request before it is forwarded: it
 // sleeps the delays (returning ctx's cause if ctx ends first) and returns the first abort
 // (Side Downstream: answer the client with openai.WriteError(w, abort.Err)), or nil.
@@ -175,29 +115,43 @@ func (in *Injection) before(ctx context.Context, faults []*active, side Side, st
 	if !in.live() {
 		return nil, nil
 	}
-	var ab *Abort
-	var rng *rand.Rand
+	b := beforeStep{in: in, side: side, stream: stream}
 	for _, a := range faults {
-		if a.f.side != side {
+		if a.f.side != side || a.f.req == nil {
 			continue
 		}
-		switch a.f.kind {
-		case KindDelay:
-			if rng == nil {
-				rng = in.rng(stream)
-			}
-			in.fire(a)
-			if err := in.sleep(ctx, wait(rng, a.f.spec.For.D(), 0, a.f.spec.Shape, a.f.spec.Scale.D())); err != nil {
+		var fired bool
+		if b, fired = a.f.req.before(b, a.f); !fired {
+			continue
+		}
+		in.fire(a)
+		if d := b.wait; d > 0 {
+			b.wait = 0
+			if err := in.sleep(ctx, d); err != nil {
 				return nil, err
-			}
-		case KindAbort:
-			if ab == nil {
-				in.fire(a)
-				ab = newAbort(a.f, side)
 			}
 		}
 	}
-	return ab, nil
+	return b.abort, nil
+}
+
+// beforeStep is one Before at work: each request fault in turn gets it, may ask for a wait
+// or choose the abort, and returns it. It goes by value, so nothing of it escapes.
+type beforeStep struct {
+	in     *Injection
+	side   Side
+	stream uint64
+	rng    *rand.Rand    // drawn on first use (rand), shared by the waits of this Before
+	abort  *Abort        // the first abort chosen
+	wait   time.Duration // the wait the fault at hand asks for
+}
+
+// rand returns the step's generator.
+func (b *beforeStep) rand() *rand.Rand {
+	if b.rng == nil {
+		b.rng = b.in.rng(b.stream)
+	}
+	return b.rng
 }
 
 // Attempt is the upstream faults of one upstream attempt. Its methods are nil-safe.

@@ -4,46 +4,15 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
 )
 
-// Kind names a fault.
+// Kind names a fault. The kinds (KindAbort, KindDelay, ...) are defined one per file,
+// kind_<name>.go, each with what it does; Kinds lists them.
 type Kind string
-
-// The fault kinds. Abort and delay act before the request is forwarded; the others act on the
-// answer, at SSE event boundaries (and, for drift, corrupt and malformed, on a non-streaming
-// JSON body too).
-const (
-	KindAbort     Kind = "abort"     // answer with an HTTP error (status, Retry-After)
-	KindDelay     Kind = "delay"     // wait before forwarding: fixed, or Gamma(shape, scale)
-	KindTTFT      Kind = "ttft"      // hold the first event
-	KindStall     Kind = "stall"     // pause once after N events or N token events
-	KindCut       Kind = "cut"       // end the stream after N events (eof, reset, h2reset, sse_error)
-	KindDrip      Kind = "drip"      // delay every event
-	KindMalformed Kind = "malformed" // turn event N into truncated or invalid JSON
-	KindDrop      Kind = "drop"      // drop the usage chunk or [DONE]
-	KindCorrupt   Kind = "corrupt"   // replace output tokens with plausible alternatives
-	KindDrift     Kind = "drift"     // rename or remove fields of the response JSON
-)
-
-// Kinds lists every fault kind.
-var Kinds = []Kind{KindAbort, KindDelay, KindTTFT, KindStall, KindCut, KindDrip, KindMalformed, KindDrop, KindCorrupt, KindDrift}
-
-func (k Kind) index() int {
-	for i, x := range Kinds {
-		if x == k {
-			return i
-		}
-	}
-	return -1
-}
-
-// request reports whether the kind acts before forwarding (in Before), not on the answer.
-func (k Kind) request() bool { return k == KindAbort || k == KindDelay }
 
 // Side is where a fault sits.
 type Side string
@@ -63,28 +32,10 @@ func (s Side) index() int {
 	return 0
 }
 
-// Modes of a cut.
-const (
-	CutEOF      = "eof"       // a clean end of stream without [DONE]
-	CutReset    = "reset"     // a TCP reset
-	CutH2Reset  = "h2reset"   // an HTTP/2 stream reset
-	CutSSEError = "sse_error" // an in-band `event: error` event, then the end
-)
-
-// Modes of malformed and drop.
-const (
-	MalformedTruncate = "truncate" // the first half of the event's JSON
-	MalformedInvalid  = "invalid"  // the JSON with a trailing comma before its closing brace
-	DropUsage         = "usage"    // the usage chunk (or the usage field of a chunk with choices)
-	DropDone          = "done"     // the data: [DONE] event
-)
-
 // Defaults.
 const (
-	DefaultLogSize     = 1000
-	DefaultAbortStatus = 503
-	DefaultCorruptRate = 0.002
-	MaxLogSize         = 1_000_000
+	DefaultLogSize = 1000
+	MaxLogSize     = 1_000_000
 )
 
 // Spec is one fault: what to inject (kind and its params), where (side, route, model,
@@ -181,20 +132,6 @@ func (s Spec) Validate() error {
 	return nil
 }
 
-// params lists the kind params each kind takes (besides the common keys).
-var params = map[Kind][]string{
-	KindAbort:     {"status", "retry_after", "message"},
-	KindDelay:     {"for", "shape", "scale"},
-	KindTTFT:      {"for"},
-	KindStall:     {"for", "after_events", "after_tokens"},
-	KindCut:       {"after_events", "mode", "message"},
-	KindDrip:      {"gap", "jitter", "shape", "scale"},
-	KindMalformed: {"at", "mode"},
-	KindDrop:      {"mode"},
-	KindCorrupt:   {"rate", "seed"},
-	KindDrift:     {"rename", "remove"},
-}
-
 // set lists the kind params that are set (non-zero).
 func (s *Spec) set() []string {
 	var out []string
@@ -222,12 +159,28 @@ func (s *Spec) set() []string {
 	return out
 }
 
+// checker collects the problems a kind finds in its own parameters, each "field: what"
+// (Spec.Validate puts the spec's path in front).
+type checker struct{ list Problems }
+
+func (c *checker) add(field, format string, args ...any) {
+	c.list = append(c.list, field+": "+fmt.Sprintf(format, args...))
+}
+
+// gammaPair adds the problem of a Gamma(shape, scale) wait with only one of the two set
+// (delay, drip).
+func (c *checker) gammaPair(s *Spec) {
+	if (s.Shape > 0) != (s.Scale > 0) {
+		c.add("shape", "shape and scale go together (a Gamma(shape, scale) wait)")
+	}
+}
+
 func (s Spec) problems(at string) Problems {
 	var p Problems
 	add := func(field, format string, args ...any) {
 		p = append(p, at+field+": "+fmt.Sprintf(format, args...))
 	}
-	allowed, known := params[s.Kind]
+	fk, known := byKind[s.Kind]
 	if !known {
 		add("kind", "unknown fault kind %q (known: %s)", s.Kind, kindList())
 	}
@@ -265,6 +218,7 @@ func (s Spec) problems(at string) Problems {
 		}
 	}
 	if known {
+		allowed := params[s.Kind]
 		for _, name := range s.set() {
 			ok := false
 			for _, a := range allowed {
@@ -286,83 +240,9 @@ func (s Spec) problems(at string) Problems {
 	if s.Shape < 0 || math.IsNaN(s.Shape) || math.IsInf(s.Shape, 0) {
 		add("shape", "must be positive")
 	}
-	if (s.Shape > 0) != (s.Scale > 0) && (s.Kind == KindDelay || s.Kind == KindDrip) {
-		add("shape", "shape and scale go together (a Gamma(shape, scale) wait)")
-	}
-	switch s.Kind {
-	case KindAbort:
-		if s.Status != 0 && (s.Status < 400 || s.Status > 599) {
-			add("status", "must be an HTTP error status (400..599), not %d", s.Status)
-		}
-	case KindDelay:
-		if s.For <= 0 && s.Shape <= 0 {
-			add("for", "a delay needs a duration (for) or shape and scale")
-		}
-	case KindTTFT:
-		if s.For <= 0 {
-			add("for", "required: how long to hold the first event")
-		}
-	case KindStall:
-		if s.For <= 0 {
-			add("for", "required: how long to pause")
-		}
-		if s.AfterEvents < 0 {
-			add("after_events", "must not be negative")
-		}
-		if s.AfterTokens < 0 {
-			add("after_tokens", "must not be negative")
-		}
-		if s.AfterEvents > 0 && s.AfterTokens > 0 {
-			add("after_tokens", "set after_events or after_tokens, not both")
-		}
-	case KindCut:
-		if s.AfterEvents < 0 {
-			add("after_events", "must not be negative")
-		}
-		switch s.Mode {
-		case "", CutEOF, CutReset, CutH2Reset, CutSSEError:
-		default:
-			add("mode", "must be eof, reset, h2reset or sse_error, not %q", s.Mode)
-		}
-	case KindDrip:
-		if s.Gap <= 0 && s.Jitter <= 0 && s.Shape <= 0 {
-			add("gap", "a drip needs a gap, a jitter, or shape and scale")
-		}
-	case KindMalformed:
-		if s.At < 0 {
-			add("at", "must not be negative")
-		}
-		switch s.Mode {
-		case "", MalformedTruncate, MalformedInvalid:
-		default:
-			add("mode", "must be truncate or invalid, not %q", s.Mode)
-		}
-	case KindDrop:
-		switch s.Mode {
-		case "", DropUsage, DropDone:
-		default:
-			add("mode", "must be usage or done, not %q", s.Mode)
-		}
-	case KindCorrupt:
-		if math.IsNaN(s.Rate) || s.Rate < 0 || s.Rate > 1 {
-			add("rate", "must be within (0, 1], not %v", s.Rate)
-		}
-	case KindDrift:
-		if len(s.Rename) == 0 && len(s.Remove) == 0 {
-			add("rename", "a drift needs rename or remove paths")
-		}
-		for _, path := range sortedKeys(s.Rename) {
-			if _, err := parsePath(path); err != nil {
-				add("rename["+strconv.Quote(path)+"]", "%v", err)
-			}
-			if n := s.Rename[path]; n == "" || strings.ContainsAny(n, "\"\\\x00\n\r") {
-				add("rename["+strconv.Quote(path)+"]", "the new name must be non-empty, without quotes, backslashes or line breaks")
-			}
-		}
-		for i, path := range s.Remove {
-			if _, err := parsePath(path); err != nil {
-				add(fmt.Sprintf("remove[%d]", i), "%v", err)
-			}
+	if known {
+		for _, q := range fk.check(s).list {
+			p = append(p, at+q)
 		}
 	}
 	return p

@@ -2,13 +2,14 @@ package fault
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -17,82 +18,75 @@ import (
 // ErrInjected is wrapped by every error a fault makes up (a cut's reset).
 var ErrInjected = errors.New("fault injected")
 
-// CutError is the read error of an upstream stream cut by a reset or h2reset: like the
-// transport's own, it is not io.EOF. A reset wraps syscall.ECONNRESET; both wrap ErrInjected.
-type CutError struct{ Mode string }
-
-func (e *CutError) Error() string {
-	if e.Mode == CutH2Reset {
-		return "stream error: stream ID 1; INTERNAL_ERROR; received from peer (injected fault)"
-	}
-	return "read: connection reset by peer (injected fault)"
-}
-
-// Unwrap returns ErrInjected, and syscall.ECONNRESET for a reset.
-func (e *CutError) Unwrap() []error {
-	if e.Mode == CutH2Reset {
-		return []error{ErrInjected}
-	}
-	return []error{ErrInjected, syscall.ECONNRESET}
-}
-
 // fstate is one stream fault's state within one stream.
 type fstate struct {
-	a       *active
-	done    bool
-	corrupt *corrupter
+	a     *active
+	ev    eventFault
+	phase phase
+	done  bool // it is finished with this stream: later events skip it
+	state any  // the kind's own state in this stream (an opener's)
+}
+
+func (st *fstate) spec() *Spec { return &st.a.f.spec }
+
+// eventStep is the event at hand as the stream's faults have left it so far: each fault
+// reads it and adds its wait, edit, drop or end.
+type eventStep struct {
+	ev      openai.Event  // as it came
+	n       int           // its number among the events with data (from 1)
+	tokens  int           // the token events before it
+	data    []byte        // its data as edited, once changed (payload)
+	changed bool          // a fault edited its data
+	drop    bool          // it is dropped
+	end     bool          // the stream ends in its place (an ender's doing)
+	wait    time.Duration // to wait before sending it
+	rng     *rand.Rand    // the stream's generator
 }
 
 // stream applies stream faults to a sequence of SSE events.
 type stream struct {
 	in      *Injection
-	fs      []fstate
+	fs      []fstate // in phase order (stable: the faults' order within a phase)
 	rng     *rand.Rand
 	n       int // events with data so far
 	tokens  int // token events so far
 	needTap bool
 	tap     openai.Tap
-	cutBy   *fault
+	endBy   *fault    // the fault that ended the stream
+	e       eventStep // the event at hand (a field, so a step allocates nothing)
 }
+
+// forget drops the last event's bytes (a Write must not keep its p).
+func (s *stream) forget() { s.e.ev, s.e.data = openai.Event{}, nil }
 
 // newStream returns the stream faults of faults on side (nil when there are none).
 func (in *Injection) newStream(faults []*active, side Side, idx uint64) *stream {
 	var s *stream
 	for _, a := range faults {
-		if a.f.side != side || a.f.kind.request() {
+		if a.f.side != side || a.f.ev == nil {
 			continue
 		}
 		if s == nil {
 			s = &stream{in: in, rng: in.rng(idx)}
+			s.e.rng = s.rng
 		}
-		st := fstate{a: a}
-		switch a.f.kind {
-		case KindStall:
-			s.needTap = s.needTap || a.f.spec.AfterTokens > 0
-		case KindCorrupt:
-			rate := a.f.spec.Rate
-			if rate == 0 {
-				rate = DefaultCorruptRate
-			}
-			var rng *rand.Rand
-			if a.f.spec.Seed != 0 {
-				rng = rand.New(rand.NewPCG(uint64(a.f.spec.Seed), 0))
-			} else {
-				rng = rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64()))
-			}
-			st.corrupt = &corrupter{rate: rate, rng: rng}
+		s.fs = append(s.fs, fstate{a: a, ev: a.f.ev, phase: a.f.impl.phase()})
+		if o, ok := a.f.ev.(opener); ok {
+			o.open(s, &s.fs[len(s.fs)-1])
 		}
-		s.fs = append(s.fs, st)
+	}
+	if s != nil {
+		slices.SortStableFunc(s.fs, func(x, y fstate) int { return cmp.Compare(x.phase, y.phase) })
 	}
 	return s
 }
 
 // step takes one event: it returns the bytes to send in its place appended to dst
-// (nothing when it is dropped), how long to wait before sending them, and the mode of a
-// cut when the stream must end here instead.
-func (s *stream) step(ev openai.Event, dst []byte) (out []byte, wait time.Duration, cut string) {
+// (nothing when it is dropped), how long to wait before sending them, and whether the
+// stream must end here instead (endUpstream, endDownstream).
+func (s *stream) step(ev openai.Event, dst []byte) (out []byte, wait time.Duration, end bool) {
 	if ev.Data == nil || !s.in.live() {
-		return append(dst, ev.Raw...), 0, ""
+		return append(dst, ev.Raw...), 0, false
 	}
 	s.n++
 	before := s.tokens
@@ -100,121 +94,73 @@ func (s *stream) step(ev openai.Event, dst []byte) (out []byte, wait time.Durati
 		s.tap.Observe(ev, time.Time{})
 		s.tokens = s.tap.TokenEvents
 	}
+	// Field by field, and only what a fault reads before it writes: this runs per event.
+	e := &s.e
+	e.ev, e.n, e.tokens = ev, s.n, before
+	e.changed, e.drop, e.end, e.wait = false, false, false, 0
 	for i := range s.fs {
 		st := &s.fs[i]
-		sp := &st.a.f.spec
-		if st.a.f.kind == KindCut && s.n > sp.AfterEvents {
-			s.in.fire(st.a)
-			s.cutBy = st.a.f
-			mode := sp.Mode
-			if mode == "" {
-				mode = CutEOF
-			}
-			return dst, 0, mode
+		if st.done || !st.ev.event(e, st) {
+			continue
 		}
-	}
-	data, changed, drop := ev.Data, false, false
-	for i := range s.fs {
-		st := &s.fs[i]
-		sp := &st.a.f.spec
-		switch st.a.f.kind {
-		case KindTTFT:
-			if s.n == 1 {
-				s.in.fire(st.a)
-				wait += sp.For.D()
-			}
-		case KindDrip:
-			s.in.fire(st.a)
-			wait += waitOf(s.rng, sp.Gap.D(), sp.Jitter.D(), sp.Shape, sp.Scale.D())
-		case KindStall:
-			if st.done {
-				continue
-			}
-			if (sp.AfterTokens > 0 && before >= sp.AfterTokens) || (sp.AfterTokens == 0 && s.n > sp.AfterEvents) {
-				st.done = true
-				s.in.fire(st.a)
-				wait += sp.For.D()
-			}
-		case KindDrop:
-			if sp.Mode == DropDone {
-				if ev.IsDone() || isResponsesTerminal(ev.Name) {
-					s.in.fire(st.a)
-					drop = true
-				}
-				continue
-			}
-			if d, dropIt, ch := dropUsage(data); ch {
-				s.in.fire(st.a)
-				data, changed, drop = d, true, drop || dropIt
-			}
-		case KindDrift:
-			if d, ch := st.a.f.drift.apply(data); ch {
-				s.in.fire(st.a)
-				data, changed = d, true
-			}
-		case KindCorrupt:
-			paths := contentPaths
-			if string(ev.Name) == "response.output_text.delta" {
-				paths = responsesDeltaPath
-			}
-			if d, ch := corruptPaths(data, st.corrupt, paths); ch {
-				s.in.fire(st.a)
-				data, changed = d, true
-			}
-		}
-	}
-	for i := range s.fs {
-		// Malformed last, so that it is what the event ends up as.
-		st := &s.fs[i]
-		if st.a.f.kind == KindMalformed && s.n == max(st.a.f.spec.At, 1) && !drop {
-			s.in.fire(st.a)
-			data, changed = malform(data, st.a.f.spec.Mode), true
+		s.in.fire(st.a)
+		if e.end {
+			s.endBy = st.a.f
+			break
 		}
 	}
 	switch {
-	case drop:
-		return dst, wait, ""
-	case !changed:
-		return append(dst, ev.Raw...), wait, ""
+	case e.end:
+		out = dst
+	case e.drop:
+		out, wait = dst, e.wait
+	case !e.changed:
+		out, wait = append(dst, ev.Raw...), e.wait
+	default:
+		out, wait = appendEvent(dst, ev.Name, e.data), e.wait
 	}
-	return appendEvent(dst, ev.Name, data), wait, ""
+	return out, wait, e.end
 }
 
-// body applies drift, corrupt and malformed to a whole non-streaming JSON body.
+// payload returns the event's data as the faults so far left it.
+func (e *eventStep) payload() []byte {
+	if e.changed {
+		return e.data
+	}
+	return e.ev.Data
+}
+
+// edit replaces the event's data.
+func (e *eventStep) edit(data []byte) { e.data, e.changed = data, true }
+
+// body applies the body faults (drift, corrupt, malformed) to a whole non-streaming JSON
+// body.
 func (s *stream) body(data []byte) []byte {
 	if !s.in.live() {
 		return data
 	}
 	for i := range s.fs {
 		st := &s.fs[i]
-		switch st.a.f.kind {
-		case KindDrift:
-			if d, ch := st.a.f.drift.apply(data); ch {
+		if bf, ok := st.ev.(bodyFault); ok {
+			if d, fired := bf.body(data, st); fired {
 				s.in.fire(st.a)
 				data = d
 			}
-		case KindCorrupt:
-			if d, ch := corruptJSON(data, st.corrupt); ch {
-				s.in.fire(st.a)
-				data = d
-			}
-		}
-	}
-	for i := range s.fs {
-		if st := &s.fs[i]; st.a.f.kind == KindMalformed {
-			s.in.fire(st.a)
-			data = malform(data, st.a.f.spec.Mode)
 		}
 	}
 	return data
 }
 
-// waitOf is wait without a generator when there is nothing random to draw.
-func waitOf(rng *rand.Rand, fixed, jitter time.Duration, shape float64, scale time.Duration) time.Duration {
-	if jitter <= 0 && shape <= 0 {
-		return fixed
-	}
-	return wait(rng, fixed, jitter, shape, scale)
+// endUpstream returns dst with what the gateway reads last appended, and the read error
+// after it, once the stream has ended.
+func (s *stream) endUpstream(dst []byte) ([]byte, error) {
+	return s.endBy.impl.(ender).endUpstream(dst, s.endBy)
+}
+
+// endDownstream returns dst with what the client gets last appended, once the stream has
+// ended; reset: abort the handler instead.
+func (s *stream) endDownstream(dst []byte) ([]byte, bool) {
+	return s.endBy.impl.(ender).endDownstream(dst, s.endBy)
 }
 
 // appendEvent appends an event: its name, then one data: line per line of data.
@@ -236,21 +182,6 @@ func appendEvent(dst, name, data []byte) []byte {
 		data = data[i+1:]
 	}
 	return append(dst, "\n\n"...)
-}
-
-// cutFault returns the fault that cut the stream.
-func (s *stream) cutFault() *fault { return s.cutBy }
-
-// cutEvent is the in-band error of a cut in sse_error mode.
-func cutEvent(f *fault) []byte {
-	msg := ""
-	if f != nil {
-		msg = f.spec.Message
-	}
-	if msg == "" {
-		msg = "injected fault: stream cut"
-	}
-	return openai.NewError(http.StatusBadGateway, "server_error", "fault_injected", msg).SSE()
 }
 
 // maxBody bounds a non-streaming body held to be rewritten; a longer one passes unchanged.
@@ -310,24 +241,18 @@ func (r *upReader) Read(p []byte) (int, error) {
 			r.err = err
 			continue
 		}
-		out, w, cut := r.s.step(ev, r.out)
+		out, w, end := r.s.step(ev, r.out)
 		if w > 0 {
 			if err := r.s.in.sleep(r.ctx, w); err != nil {
 				r.err = err
 				continue
 			}
 		}
-		switch cut {
-		case "":
-			r.out = out
-		case CutEOF:
-			r.err = io.EOF
-		case CutSSEError:
-			r.out = append(r.out, cutEvent(r.s.cutFault())...)
-			r.err = io.EOF
-		default:
-			r.err = &CutError{Mode: cut}
+		if end {
+			r.out, r.err = r.s.endUpstream(out)
+			continue
 		}
+		r.out = out
 	}
 	n := copy(p, r.out[r.off:])
 	r.off += n
@@ -443,9 +368,9 @@ func (d *downWriter) Write(p []byte) (int, error) {
 	var err error
 	splitEvents(p, &d.scratch, func(ev openai.Event) bool {
 		var w time.Duration
-		var cut string
+		var end bool
 		start := len(out)
-		out, w, cut = d.s.step(ev, out)
+		out, w, end = d.s.step(ev, out)
 		if w > 0 {
 			// Send what came before this event, then wait.
 			if err = d.send(out[:start]); err != nil {
@@ -456,24 +381,22 @@ func (d *downWriter) Write(p []byte) (int, error) {
 				return false
 			}
 		}
-		if cut == "" {
+		if !end {
 			return true
 		}
 		if err = d.send(out); err != nil {
 			return false
 		}
-		out = out[:0]
-		switch cut {
-		case CutReset, CutH2Reset:
+		var reset bool
+		if out, reset = d.s.endDownstream(out[:0]); reset {
 			d.Flush()
 			panic(http.ErrAbortHandler)
-		case CutSSEError:
-			out = append(out, cutEvent(d.s.cutFault())...)
 		}
 		d.swallow = true
 		return false
 	})
 	d.buf = out[:0]
+	d.s.forget()
 	if err != nil {
 		return 0, err
 	}
