@@ -138,6 +138,12 @@ func (c *Cluster) refresh(ctx context.Context, e *Endpoint) error {
 			return ctx.Err()
 		}
 	}
+	if !c.modelsDue(e) {
+		// A fetch ended between the caller's check and here: its answer (or its retry
+		// back-off) stands.
+		s.mu.Unlock()
+		return nil
+	}
 	ch := make(chan struct{})
 	s.modelsFetch = ch
 	s.mu.Unlock()

@@ -183,6 +183,12 @@ func TestModelDiscoveryOnce(t *testing.T) {
 	if n := asked.Load(); n != 1 {
 		t.Errorf("a failed fetch was repeated at once (%d)", n)
 	}
+	// A caller that found the models due just before that fetch ended (it checked, then was
+	// descheduled) does not send another.
+	_ = c.refresh(t.Context(), c.endpoints[0])
+	if n := asked.Load(); n != 1 {
+		t.Errorf("a refresh that lost the race to a finished fetch sent another (%d)", n)
+	}
 	clock.Advance(modelsRetry + time.Second)
 	_ = c.RefreshModels(t.Context())
 	if n := asked.Load(); n != 2 {
