@@ -158,6 +158,12 @@ func (c Class) Info() ClassInfo {
 	return ClassInfo{Status: http.StatusBadGateway, Type: "server_error", Message: "the model server's answer could not be relayed"}
 }
 
+// Known reports whether the class has a row in the class table.
+func (c Class) Known() bool {
+	_, ok := classes[c]
+	return ok
+}
+
 // Classes lists every class in the table.
 func Classes() []Class {
 	out := make([]Class, 0, len(classes))

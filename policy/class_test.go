@@ -33,6 +33,9 @@ func TestClassTable(t *testing.T) {
 			t.Errorf("%s: status %d, want %d", c, got, want)
 		}
 	}
+	if !ClassConnect.Known() || Class("never-heard-of").Known() {
+		t.Error("Known disagrees with the table")
+	}
 	if i := Class("never-heard-of").Info(); i.Status != http.StatusBadGateway || i.Type != "server_error" {
 		t.Errorf("unknown class: %+v", i)
 	}

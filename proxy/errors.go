@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,7 +33,7 @@ var (
 // status and message; a class outside the table is an answer that could not be relayed. A
 // failure that says a pool is unavailable carries retryAfter (shutting down: one second).
 func classFailure(class policy.Class, retryAfter time.Duration) *policy.Failure {
-	if !slices.Contains(policy.Classes(), class) {
+	if !class.Known() {
 		class = policy.ClassUpstreamError
 	}
 	f := policy.Fail(class, "")

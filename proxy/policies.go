@@ -109,8 +109,9 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 				st.batchers[i] = b
 			}
 			if u, ok := bp.impl.(policy.ClusterUser); ok {
-				for _, param := range slices.Sorted(maps.Keys(u.Clusters())) {
-					if c := u.Clusters()[param]; st.clusters[c] == nil {
+				named := u.Clusters()
+				for _, param := range slices.Sorted(maps.Keys(named)) {
+					if c := named[param]; st.clusters[c] == nil {
 						problems = append(problems, fmt.Sprintf("routes[%d].policies (%s): %s: unknown cluster %q", i, bp.typ, param, c))
 					}
 				}
