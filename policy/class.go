@@ -62,6 +62,13 @@ const (
 	ClassLoadShed          Class = "load_shed"               // staged degradation sheds this priority
 )
 
+// The output side's findings (stream filters).
+const (
+	// ClassRunaway: the answer fell into a loop (the same n-gram or paragraph generated again
+	// and again); cut, or only flagged, by the runaway policy.
+	ClassRunaway Class = "runaway_generation"
+)
+
 // The request's own faults, found before any policy runs.
 const (
 	ClassUnknownURL      Class = "unknown_url"            // a path outside /v1/
@@ -133,6 +140,7 @@ var classes = map[Class]ClassInfo{
 	ClassPromptSurge:       {http.StatusRequestEntityTooLarge, "invalid_request_error", "the prompt is far larger than usual", false},
 	ClassTenantBreakerOpen: {http.StatusServiceUnavailable, "server_error", "the breaker is open for this client", false},
 	ClassLoadShed:          {http.StatusServiceUnavailable, "server_error", "the gateway is shedding load", false},
+	ClassRunaway:           {http.StatusBadGateway, "server_error", "the answer was cut: the model repeated itself (runaway generation)", false},
 
 	ClassUnknownURL:      {http.StatusNotFound, "invalid_request_error", "unknown path", false},
 	ClassInvalidPath:     {http.StatusBadRequest, "invalid_request_error", "invalid path", false},

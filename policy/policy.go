@@ -55,6 +55,11 @@ type Decision struct {
 	// Reroute, when set, sends the request to this cluster instead of the route's plan (e.g. an
 	// oversized prompt to a long-context cluster).
 	Reroute string
+	// SetFields, when non-nil, are top-level fields set on the request's body before it is
+	// sent (e.g. logprobs asked of the upstream by a stream filter that strips them again).
+	// A field the client set itself is left as the client set it. Keys must be plain JSON
+	// field names; values whole JSON values.
+	SetFields map[string][]byte
 	// Done, when non-nil, is called once with the request's Outcome (e.g. to release a slot or
 	// reconcile a token charge). It must not block.
 	Done func(Outcome)
@@ -115,6 +120,9 @@ type Outcome struct {
 	TPOT         time.Duration // mean time per output token after the first, 0 if < 2 tokens
 	InputTokens  int           // usage.prompt_tokens, else the estimate
 	OutputTokens int           // usage.completion_tokens, else the tap's count
+	// Flags are what the stream filters saw in the answer without failing it (e.g.
+	// ClassRunaway for a loop that was counted but not cut); nil when none.
+	Flags []Class
 }
 
 // Clock is the one time source of policies, injected so that breakers, limiters and batchers
