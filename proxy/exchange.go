@@ -44,6 +44,8 @@ type exchange struct {
 	carryTap *openai.Tap       // the cut attempt's tap, continued by the resumed one
 
 	inj      *fault.Injection // chaos faults of this request, nil when none
+	filters  []policy.StreamFilter // the route's stream filters
+	flags    []policy.Class        // what the stream watchers flagged, for the Outcome
 	mirror   *mirrorJob       // the request's mirrored copy, nil when not mirrored
 	streamID []byte           // the first stream's chunk id (raw JSON), kept by the resumed one
 	home     string           // the endpoint holding the stored answer the request refers to ("": none)
@@ -310,6 +312,10 @@ type result struct {
 	attempts    int
 	tap         openai.Tap
 	wait        time.Duration // time waiting on the network (upstream reads, client writes)
+	// cut is the class of the stream filter that ended the stream on its own word (the
+	// client got the filter's tail and a whole stream): not a failure of the attempt, but
+	// the request's error class.
+	cut policy.Class
 }
 
 // class is the result's failure class, "" on success.

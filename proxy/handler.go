@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -100,6 +102,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	preq.Route = rt.Name
+	ex.filters = st.filters[rt.Name]
 	preq.ContextWindow = st.contextWindow(rt, req.Model)
 	telemetry.SetServerRequest(span, telemetry.ServerRequest{
 		Method: r.Method, Route: rt.Name, Operation: kind.Operation(), Model: req.Model,
@@ -124,6 +127,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	if adm.reject == nil && adm.capMaxTokens > 0 {
 		adm.reject = capMaxTokens(preq, adm.capMaxTokens)
+	}
+	if adm.reject == nil && len(adm.setFields) > 0 {
+		adm.reject = setFields(preq, adm.setFields)
 	}
 	if adm.reject != nil {
 		h.finish(ctx, ex, st, rt, span, failed(adm.reject))
@@ -291,6 +297,7 @@ type admission struct {
 	done         []func(policy.Outcome) // Done callbacks of those that admitted
 	reject       *policy.Failure        // the first rejection
 	capMaxTokens int                    // the lowest max_tokens cap asked for
+	setFields    map[string][]byte      // fields set on the body (the first policy to ask for one wins)
 	reroute      string                 // the first reroute asked for
 }
 
@@ -328,6 +335,14 @@ func (h *Handler) admit(ctx context.Context, st *state, ex *exchange, r *policy.
 		if a.reroute == "" {
 			a.reroute = d.Reroute
 		}
+		for k, v := range d.SetFields {
+			if _, taken := a.setFields[k]; !taken {
+				if a.setFields == nil {
+					a.setFields = make(map[string][]byte, len(d.SetFields))
+				}
+				a.setFields[k] = v
+			}
+		}
 	}
 	return a
 }
@@ -356,6 +371,27 @@ func capMaxTokens(r *policy.Request, limit int) *policy.Failure {
 	return nil
 }
 
+// setFields sets the fields the policies ask the upstream for on the body, in key order; a
+// field the client set stays as the client set it.
+func setFields(r *policy.Request, fields map[string][]byte) *policy.Failure {
+	if r.Body == nil {
+		return nil
+	}
+	body := r.Body
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		if openai.HasField(body, k) {
+			continue
+		}
+		b, err := openai.SetField(body, k, fields[k])
+		if err != nil {
+			return policy.Failf(policy.ClassPolicyError, err, "a policy's field could not be set on the request: "+err.Error())
+		}
+		body = b
+	}
+	r.Body = body
+	return nil
+}
+
 // finish settles the request: writes the error if nothing reached the client, tells the
 // observers, records metrics and span attributes, and logs failures.
 func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *config.CompiledRoute, span trace.Span, res result) {
@@ -376,7 +412,10 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 	out := policy.Outcome{
 		Status: res.status, ErrorClass: res.class(), Cluster: res.cluster, Endpoint: res.endpoint,
 		Attempts: res.attempts, Duration: dur, TTFT: res.tap.TTFT(), TPOT: res.tap.TPOT(),
-		InputTokens: res.tap.Usage.PromptTokens, OutputTokens: res.tap.Tokens,
+		InputTokens: res.tap.Usage.PromptTokens, OutputTokens: res.tap.Tokens, Flags: ex.flags,
+	}
+	if out.ErrorClass == "" {
+		out.ErrorClass = res.cut // a stream a filter ended: whole for the client, not a success
 	}
 	if out.InputTokens == 0 && ex.preq != nil {
 		out.InputTokens = ex.preq.PromptTokens

@@ -105,6 +105,9 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 			if o, ok := bp.impl.(policy.Observer); ok {
 				st.observers[r.Name] = append(st.observers[r.Name], o)
 			}
+			if f, ok := bp.impl.(policy.StreamFilter); ok {
+				st.filters[r.Name] = append(st.filters[r.Name], f)
+			}
 			if b, ok := bp.impl.(batcher); ok {
 				st.batchers[i] = b
 			}

@@ -136,6 +136,10 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	resumed := ex.committed
 	skip := resumed
 	res.status = resp.StatusCode
+	watch := ex.watchStream()
+	if len(watch) > 0 {
+		defer func() { ex.endWatch(watch) }()
+	}
 	for {
 		tokens, errored, finished, usage := tap.TokenEvents, tap.ErrorSeen, tap.Finished, tap.HaveUsage
 		tap.Observe(ev, t1)
@@ -178,10 +182,19 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		}
 		if !skip {
 			raw := ev.Raw
-			if resumed {
-				raw = withStreamID(ev, ex.streamID)
+			if len(watch) > 0 {
+				var cut *policy.StreamCut
+				if raw, cut = watchEvent(watch, ev); cut != nil {
+					h.cutStream(cancel, ex, cut, ep, res)
+					return
+				}
 			}
-			if _, werr := ex.w.Write(raw); werr != nil {
+			if resumed {
+				raw = withStreamID(raw, ev, ex.streamID)
+			}
+			if len(raw) == 0 {
+				// dropped by a stream filter
+			} else if _, werr := ex.w.Write(raw); werr != nil {
 				cancel(errClientWrite)
 				res.failWith(writeFailed(werr))
 				return
@@ -317,16 +330,27 @@ func chunkID(data []byte) json.RawMessage {
 	return c.ID
 }
 
-// withStreamID returns a resumed stream's event carrying the id of the stream the client
-// already has, so that the client sees one completion (clients such as openai-go's stream
-// accumulator drop chunks whose id differs from the first one's).
-func withStreamID(ev openai.Event, id json.RawMessage) []byte {
-	if id == nil || ev.Name != nil || ev.IsDone() || len(ev.Data) == 0 || ev.Data[0] != '{' {
-		return ev.Raw
+// withStreamID returns a resumed stream's event raw (ev's, or what a stream filter put in its
+// place) carrying the id of the stream the client already has, so that the client sees one
+// completion (clients such as openai-go's stream accumulator drop chunks whose id differs
+// from the first one's).
+func withStreamID(raw []byte, ev openai.Event, id json.RawMessage) []byte {
+	if id == nil || len(raw) == 0 || ev.Name != nil || ev.IsDone() || len(ev.Data) == 0 || ev.Data[0] != '{' {
+		return raw
 	}
-	d, err := openai.SetField(ev.Data, "id", id)
+	data := ev.Data
+	if &raw[0] != &ev.Raw[0] || len(raw) != len(ev.Raw) {
+		// A filter's replacement: one plain data event, or left as it is.
+		d, plain := bytes.CutPrefix(raw, []byte("data: "))
+		d, whole := bytes.CutSuffix(d, []byte("\n\n"))
+		if !plain || !whole || len(d) == 0 || d[0] != '{' || bytes.ContainsAny(d, "\r\n") {
+			return raw
+		}
+		data = d
+	}
+	d, err := openai.SetField(data, "id", id)
 	if err != nil || bytes.ContainsAny(d, "\r\n") {
-		return ev.Raw
+		return raw
 	}
 	out := make([]byte, 0, len(d)+8)
 	out = append(out, "data: "...)

@@ -114,6 +114,7 @@ type state struct {
 	routers   []*route.Router // by route index: splits, fallback chain, retries, cluster breakers
 	admitters map[string][]policy.Admitter
 	observers map[string][]policy.Observer
+	filters   map[string][]policy.StreamFilter // the stream filters of each route, in order
 	tenants   tenantResolver  // nil when no tenants are configured
 	trust     trust           // the trusted proxies
 	cors      cors            // the browser origins allowed
@@ -229,6 +230,7 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 		clusters:  map[string]*clusterState{},
 		admitters: map[string][]policy.Admitter{},
 		observers: map[string][]policy.Observer{},
+		filters:   map[string][]policy.StreamFilter{},
 	}
 	var ctx context.Context
 	ctx, st.stop = context.WithCancel(s.baseCtx)

@@ -78,3 +78,26 @@ func SetField(body []byte, key string, value []byte) ([]byte, error) {
 	}
 	return append(out, body[last:]...), nil
 }
+
+// HasField reports whether the JSON object body has the top-level key (its escapes decoded,
+// matched exactly, as the model servers' JSON parsers match keys). A body that is not a
+// valid object has none.
+func HasField(body []byte, key string) bool {
+	c := cur{b: body}
+	if c.peek() != '{' {
+		return false
+	}
+	c.i++
+	found := false
+	for first := true; ; {
+		k, esc, ok := c.member(&first)
+		if !ok {
+			break
+		}
+		if equalString(k, esc, key) {
+			found = true
+		}
+		c.skip(nil)
+	}
+	return found && c.ok()
+}

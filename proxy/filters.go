@@ -1,0 +1,100 @@
+package proxy
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/proxy/upstream"
+)
+
+// The route's stream filters (policy.StreamFilter) watch each attempt's stream on its way to
+// the client: relayStream asks each for a watcher at the first event, shows every relayed
+// event to the watchers before it is written, and ends them when the stream ends. The tap
+// (tokens, TTFT, the end of the stream) and the resume and mirror captures stay in the relay
+// itself: the relay's own decisions (commit, resume, the in-band error) are made on them.
+
+// errFilterCut is the attempt context's cause when a stream filter ended the stream: the
+// upstream request is cancelled so that the model server frees the sequence.
+var errFilterCut = errors.New("a stream filter ended the stream")
+
+// watchStream starts the watchers of the exchange's stream filters for one attempt.
+func (ex *exchange) watchStream() []policy.StreamWatcher {
+	if len(ex.filters) == 0 {
+		return nil
+	}
+	var ws []policy.StreamWatcher
+	for _, f := range ex.filters {
+		if w := f.WatchStream(ex.preq); w != nil {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// endWatch ends the watchers and keeps what they flagged (each class once) for the Outcome.
+func (ex *exchange) endWatch(ws []policy.StreamWatcher) {
+	for _, w := range ws {
+		for _, c := range w.End() {
+			if c != "" && !containsClass(ex.flags, c) {
+				ex.flags = append(ex.flags, c)
+			}
+		}
+	}
+}
+
+func containsClass(cs []policy.Class, c policy.Class) bool {
+	for _, x := range cs {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// watchEvent shows one event to the watchers, in order. Each sees the event as the model
+// server sent it; the first replacement is what the client gets. The first cut ends the
+// stream (the watchers after it do not see the event).
+func watchEvent(ws []policy.StreamWatcher, ev openai.Event) ([]byte, *policy.StreamCut) {
+	se := policy.StreamEvent{Raw: ev.Raw, Name: ev.Name, Data: ev.Data}
+	raw := ev.Raw
+	replaced := false
+	for _, w := range ws {
+		a := w.Event(se)
+		if a.Cut != nil {
+			return nil, a.Cut
+		}
+		if a.Replace != nil && !replaced {
+			raw, replaced = a.Replace, true
+		}
+	}
+	return raw, nil
+}
+
+// cutStream ends a stream on a filter's word: the upstream request is cancelled, the client
+// gets the filter's tail (a whole end of stream) and the attempt is not a failure; the
+// request's Outcome carries the filter's class.
+func (h *Handler) cutStream(cancel func(error), ex *exchange, cut *policy.StreamCut, ep *upstream.Endpoint, res *result) {
+	cancel(errFilterCut)
+	if len(cut.Tail) > 0 {
+		if _, err := ex.w.Write(cut.Tail); err != nil {
+			res.failWith(writeFailed(err))
+			return
+		}
+		ex.flush()
+		if ex.mirror != nil {
+			ex.mirror.capture.add(cut.Tail)
+		}
+	}
+	res.tap.Done = true
+	res.cut = cut.Class
+	if res.cut == "" {
+		res.cut = policy.ClassPolicyError
+	}
+	ep.Report(true) // the endpoint answered; what it said is the filter's concern
+	h.srv.log.LogAttrs(ex.r.Context(), slog.LevelWarn, "stream ended by a policy",
+		slog.String("request_id", ex.id), slog.String("route", ex.preq.Route),
+		slog.String("class", string(res.cut)), slog.String("reason", cut.Reason),
+		slog.String("endpoint", res.endpoint))
+}
