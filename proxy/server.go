@@ -566,23 +566,32 @@ func (s *Server) applyLocked(c *config.Config) error {
 	if err := restartProblems(c, old.snap.Config); err != nil {
 		return err
 	}
+	oc := old.snap.Config
+	var faults *fault.Compiled
+	if !reflect.DeepEqual(c.Chaos.Faults, oc.Chaos.Faults) {
+		// Validated with the config; installed with its routes, where it replaces the
+		// configured faults (and any set through the admin API) with the file's.
+		var err error
+		if faults, err = s.chaos.Compile(c.Chaos.Faults); err != nil {
+			return fmt.Errorf("chaos.faults: %w", err)
+		}
+	}
 	st, err := s.build(c, old)
 	if err != nil {
 		return err
 	}
 	s.start(st)
-	oc := old.snap.Config
-	if s.started.Load() {
-		s.shadow.sync(old.mirrors, st, func() { s.state.Store(st) })
-	} else {
+	// One generation: the routes, their mirrors and the faults swap in one step.
+	swap := func() {
 		s.state.Store(st)
-	}
-	if !reflect.DeepEqual(c.Chaos.Faults, oc.Chaos.Faults) {
-		// Validated with the config: this replaces the configured faults (and any set
-		// through the admin API) with the file's.
-		if err := s.chaos.Set(c.Chaos.Faults); err != nil {
-			s.log.Error("chaos faults not replaced", "err", err)
+		if faults != nil {
+			s.chaos.Install(faults)
 		}
+	}
+	if s.started.Load() {
+		s.shadow.sync(old.mirrors, st, swap)
+	} else {
+		swap()
 	}
 	if s.certs != nil {
 		s.certs.set(c.TLS.CertFile, c.TLS.KeyFile)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -109,18 +110,44 @@ func (e *Engine) AllowsNetwork(ip net.IP) bool { return e.nets.AllowsNetwork(ip)
 // Set replaces the configured faults (PUT /admin/faults). The set is validated whole: on an
 // error (Problems, each with its path) the old set stays.
 func (e *Engine) Set(faults []Spec) error {
-	if p := validateSet(faults, "faults"); len(p) > 0 {
-		return p
+	c, err := e.Compile(faults)
+	if err != nil {
+		return err
 	}
+	e.Install(c)
+	return nil
+}
+
+// Compiled is a validated, compiled set of faults, not yet installed: what a config
+// generation carries, so that its faults start with its routes (Install) and checking a
+// config changes nothing.
+type Compiled struct {
+	specs []Spec
+	at    time.Time
+}
+
+// Compile validates faults whole (Problems, each with its path) and compiles them. It has
+// no side effects.
+func (e *Engine) Compile(faults []Spec) (*Compiled, error) {
+	if p := validateSet(faults, "faults"); len(p) > 0 {
+		return nil, p
+	}
+	at := time.Now()
+	if e != nil && e.clock != nil {
+		at = e.clock.Now()
+	}
+	return &Compiled{specs: slices.Clone(faults), at: at}, nil
+}
+
+// Install replaces the configured faults (and any set through the admin API) with c.
+func (e *Engine) Install(c *Compiled) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.clock.Now()
-	fs := &faultSet{faults: make([]*fault, 0, len(faults))}
-	for _, s := range faults {
-		fs.faults = append(fs.faults, e.compile(s, now, false))
+	fs := &faultSet{faults: make([]*fault, 0, len(c.specs))}
+	for _, s := range c.specs {
+		fs.faults = append(fs.faults, e.compile(s, c.at, false))
 	}
 	e.set.Store(fs)
-	return nil
 }
 
 // Add adds one fault to the set and returns its id.

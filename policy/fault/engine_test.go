@@ -739,3 +739,26 @@ func BenchmarkWrapUpstream(b *testing.B) {
 		})
 	}
 }
+
+// TestCompileThenInstall: compiling a set checks it whole and changes nothing (a config
+// generation carries it until it is installed with its routes); installing replaces the set.
+func TestCompileThenInstall(t *testing.T) {
+	e, _, _ := newEngine(t)
+	if err := e.Set(specs(t, "drop")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Compile([]Spec{{Kind: KindTTFT}, {Kind: "nope"}}); err == nil || len(err.(Problems)) != 2 {
+		t.Fatalf("an invalid set compiled, or not every problem was said: %v", err)
+	}
+	c, err := e.Compile(specs(t, "cut(after=2); stall(for=1s)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := e.List(); len(l) != 1 || l[0].Spec.Kind != KindDrop {
+		t.Fatalf("Compile changed the installed set: %+v", l)
+	}
+	e.Install(c)
+	if l := e.List(); len(l) != 2 || l[0].Spec.Kind != KindCut || l[1].Spec.Kind != KindStall {
+		t.Fatalf("after Install: %+v", l)
+	}
+}
