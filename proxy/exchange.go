@@ -43,12 +43,12 @@ type exchange struct {
 	contBody []byte            // when set, sent instead of the request's body (a continuation)
 	carryTap *openai.Tap       // the cut attempt's tap, continued by the resumed one
 
-	inj      *fault.Injection // chaos faults of this request, nil when none
+	inj      *fault.Injection      // chaos faults of this request, nil when none
 	filters  []policy.StreamFilter // the route's stream filters
 	flags    []policy.Class        // what the stream watchers flagged, for the Outcome
-	mirror   *mirrorJob       // the request's mirrored copy, nil when not mirrored
-	streamID []byte           // the first stream's chunk id (raw JSON), kept by the resumed one
-	home     string           // the endpoint holding the stored answer the request refers to ("": none)
+	mirror   *mirrorJob            // the request's mirrored copy, nil when not mirrored
+	streamID []byte                // the first stream's chunk id (raw JSON), kept by the resumed one
+	home     string                // the endpoint holding the stored answer the request refers to ("": none)
 
 	corsOrigin string          // the request's Origin when cors allows it
 	held       int64           // bytes of the answer buffers this request holds (given back at the end)

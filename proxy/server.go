@@ -115,10 +115,10 @@ type state struct {
 	admitters map[string][]policy.Admitter
 	observers map[string][]policy.Observer
 	filters   map[string][]policy.StreamFilter // the stream filters of each route, in order
-	tenants   tenantResolver  // nil when no tenants are configured
-	trust     trust           // the trusted proxies
-	cors      cors            // the browser origins allowed
-	models    map[string]bool // the model names the config gives (see modelLabel)
+	tenants   tenantResolver                   // nil when no tenants are configured
+	trust     trust                            // the trusted proxies
+	cors      cors                             // the browser origins allowed
+	models    map[string]bool                  // the model names the config gives (see modelLabel)
 	policies  []*builtPolicy
 	batchers  []batcher          // by route index; nil where the route does not batch
 	stop      context.CancelFunc // stops this generation's health checks
