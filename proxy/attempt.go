@@ -319,8 +319,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	}
 	// Upstream chaos stands in for the model server: a delay, an abort answer, or faults in
 	// the body it sends.
-	at := ex.inj.Attempt(cand.Cluster)
-	resp, err := roundTrip(actx, at, cl, out)
+	resp, sse, err := send(actx, ex.inj.Attempt(cand.Cluster), cl, out)
 	res.wait += time.Since(sent)
 	if ex.bodyTimedOut() {
 		// A pass-through body the client did not send in time: the client's failure, not
@@ -349,10 +348,6 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		return res
 	}
 	defer resp.Body.Close()
-	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	if resp.StatusCode < 300 {
-		resp.Body = at.WrapUpstream(actx, resp.Body, sse)
-	}
 	if sse && resp.StatusCode < 300 {
 		h.relayStream(actx, cancel, ex, resp, wd, ep, &res)
 	} else {
@@ -402,13 +397,11 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	if ex.contBody != nil {
 		body = ex.contBody
 	}
-	if cand.Model != "" && cand.Model != ex.preq.Model && body != nil {
-		b, err := openai.SetModel(body, cand.Model)
-		if err != nil {
-			return nil, err
-		}
-		body, res.model = b, cand.Model
+	body, model, err := bodyFor(body, ex.preq.Model, cand.Model)
+	if err != nil {
+		return nil, err
 	}
+	res.model = model
 	switch {
 	case body != nil:
 		out.Body = io.NopCloser(bytes.NewReader(body))
@@ -431,9 +424,6 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		out.Header.Set("X-Forwarded-Proto", "https")
 	} else {
 		out.Header.Set("X-Forwarded-Proto", "http")
-	}
-	if cl.apiKey != "" {
-		out.Header.Set("Authorization", "Bearer "+cl.apiKey)
 	}
 	h.srv.tel.Inject(ctx, out.Header)
 	return out, nil
@@ -490,17 +480,4 @@ func (w *watchdog) stop() {
 	if w.t != nil {
 		w.t.Stop()
 	}
-}
-
-// roundTrip sends out to the cluster, unless the attempt's chaos faults answer for the model
-// server (an abort) or delay it first.
-func roundTrip(ctx context.Context, at *fault.Attempt, cl *clusterState, out *http.Request) (*http.Response, error) {
-	ab, err := at.Before(ctx)
-	switch {
-	case err != nil:
-		return nil, err
-	case ab != nil:
-		return ab.Response(out), nil
-	}
-	return cl.Transport().RoundTrip(out)
 }

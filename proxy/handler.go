@@ -174,8 +174,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// 7–10. pick, send, relay, retry (attempt.go, relay.go): failures before the
-	// first byte move to the next candidate. A batched request is sent merged with others.
+	// 7–10. pick, send, relay, retry: the retry loop and the pick in attempt.go, the one
+	// sender in send.go, the relay (through the route's stream filters, filters.go) in
+	// relay.go. Failures before the first byte move to the next candidate. A batched
+	// request is sent merged with others.
 	if batched {
 		res = h.batched(ctx, ex, st, rt, plan, bt) // merged with others into one upstream request
 	} else {

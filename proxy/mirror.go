@@ -691,11 +691,9 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	ep.Begin()
 	defer ep.End()
 	load, _ = cl.Load()
-	body := j.preq.Body
-	if model != "" && model != j.preq.Model {
-		if body, err = openai.SetModel(body, model); err != nil {
-			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: string(policy.ClassInvalidRequest)}, 0
-		}
+	body, _, err := bodyFor(j.preq.Body, j.preq.Model, model)
+	if err != nil {
+		return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: string(policy.ClassInvalidRequest)}, 0
 	}
 	if j.preq.Kind == openai.KindResponses {
 		// A copy leaves nothing behind: the server stores no response for it.
@@ -710,9 +708,6 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	}
 	out.Header = j.header.Clone()
 	out.Header.Set("X-Sluice-Mirror", role)
-	if cl.apiKey != "" {
-		out.Header.Set("Authorization", "Bearer "+cl.apiKey)
-	}
 
 	// Chaos faults whose cluster filter names the sandbox act on the copy as on any attempt:
 	// a way to plant a regression in a candidate and watch the verdict catch it.
@@ -720,10 +715,9 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 	defer func() {
 		inj.Done(fault.Outcome{Status: a.Status, ErrorClass: a.ErrorClass, Cluster: clusterName, Attempts: 1, ClientSawError: !a.OK()})
 	}()
-	at := inj.AttemptNamed(clusterName)
 	var tap openai.Tap
 	tap.Start = time.Now()
-	resp, err := roundTrip(ctx, at, cl, out)
+	resp, sse, err := send(ctx, inj.AttemptNamed(clusterName), cl, out)
 	if err != nil {
 		a = shadow.Answer{Status: http.StatusBadGateway, ErrorClass: string(policy.ClassConnect)}
 		if ctx.Err() != nil {
@@ -732,10 +726,6 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 		return a, load
 	}
 	defer resp.Body.Close()
-	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	if resp.StatusCode < 300 {
-		resp.Body = at.WrapUpstream(ctx, resp.Body, sse)
-	}
 	capt := capture{limit: int(j.cfg.CaptureBytes), sse: sse && resp.StatusCode < 300,
 		budget: &j.route.captured, total: int64(j.cfg.CaptureTotal)}
 	defer capt.release() // the parsed answer is what is kept

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/sluicegw/sluice/policy"
@@ -88,7 +89,8 @@ func TestOutbound(t *testing.T) {
 			if hdr.Get("X-Hop") != "" || hdr.Get("Connection") != "" {
 				t.Errorf("hop-by-hop headers forwarded: %v", hdr)
 			}
-			if hdr.Get("Authorization") != "Bearer sk-cluster" || hdr.Get("X-Request-Id") != ex.id {
+			// The client's credential is dropped here; send puts the cluster's on (TestSendUsesClusterCredential).
+			if hdr.Get("Authorization") != "" || hdr.Get("X-Request-Id") != ex.id {
 				t.Errorf("Authorization %q, X-Request-Id %q", hdr.Get("Authorization"), hdr.Get("X-Request-Id"))
 			}
 			if got := hdr.Get("X-Forwarded-For"); got != "10.0.0.1, 192.0.2.1" {
@@ -100,5 +102,29 @@ func TestOutbound(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSendUsesClusterCredential: the one sender puts the cluster's credential on every request
+// it sends (an attempt's or a mirrored copy's), and reports an event stream as one.
+func TestSendUsesClusterCredential(t *testing.T) {
+	got := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("Authorization")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	srv := newTestServer(t, up.URL)
+	cl := srv.state.Load().clusters["main"]
+	out, _ := http.NewRequest(http.MethodPost, up.URL+"/v1/chat/completions", strings.NewReader("{}"))
+	out.Header.Set("Authorization", "Bearer client")
+	resp, sse, err := send(context.Background(), nil, cl, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if a := <-got; a != "Bearer sk-cluster" || !sse {
+		t.Errorf("Authorization %q, sse %v; want the cluster's credential and an event stream", a, sse)
 	}
 }

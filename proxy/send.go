@@ -1,0 +1,58 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	"github.com/sluicegw/sluice/policy/fault"
+	"github.com/sluicegw/sluice/proxy/openai"
+)
+
+// The send step (8 in the picture) is one way out to a model server, for the request's
+// attempts and its mirrored copies alike: bodyFor writes the candidate's model into the
+// body, send puts the cluster's credential on the request and sends it with the attempt's
+// chaos faults standing in for the model server (a delay, an abort answer) and acting on
+// the body it answers with (stream faults). The caller builds the request (which headers
+// go: the client's for an attempt, the mirror's filtered set for a copy) and reads the
+// answer (the relay for an attempt, the capture for a copy).
+
+// bodyFor is the body sent to a candidate serving model ("" keeps the request's): the
+// request's body, with the model rewritten when the candidate names another. It returns the
+// model the body names.
+func bodyFor(body []byte, reqModel, model string) ([]byte, string, error) {
+	if model == "" || model == reqModel || body == nil {
+		return body, reqModel, nil
+	}
+	b, err := openai.SetModel(body, model)
+	if err != nil {
+		return nil, "", err
+	}
+	return b, model, nil
+}
+
+// send sends out to the cluster with the cluster's credential, unless the attempt's chaos
+// faults answer for the model server (an abort) or delay it first; a successful answer's
+// body comes wrapped with the attempt's stream faults. sse reports whether the answer is an
+// event stream.
+func send(ctx context.Context, at *fault.Attempt, cl *clusterState, out *http.Request) (resp *http.Response, sse bool, err error) {
+	if cl.apiKey != "" {
+		out.Header.Set("Authorization", "Bearer "+cl.apiKey)
+	}
+	ab, err := at.Before(ctx)
+	switch {
+	case err != nil:
+		return nil, false, err
+	case ab != nil:
+		resp = ab.Response(out)
+	default:
+		if resp, err = cl.Transport().RoundTrip(out); err != nil {
+			return nil, false, err
+		}
+	}
+	sse = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if resp.StatusCode < 300 {
+		resp.Body = at.WrapUpstream(ctx, resp.Body, sse)
+	}
+	return resp, sse, nil
+}
