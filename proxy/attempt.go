@@ -405,6 +405,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	switch {
 	case body != nil:
 		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		out.ContentLength = int64(len(body))
 		// The tap needs the bytes as the model server wrote them.
 		out.Header.Del("Accept-Encoding")

@@ -98,7 +98,7 @@ func NewCluster(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c.tkey = key
-	c.transport = &sharedTransport{t: t}
+	c.transport = &sharedTransport{t: t, rt: newH1(t.DialContext, t, o.MaxIdleConnsPerHost)}
 	c.transport.refs.Store(1)
 	return c, nil
 }
@@ -154,7 +154,7 @@ func (c *Cluster) Load() (perEndpoint float64, begun int64) {
 }
 
 // Transport returns the cluster's shared transport (see newTransport for its settings).
-func (c *Cluster) Transport() http.RoundTripper { return c.transport.t }
+func (c *Cluster) Transport() http.RoundTripper { return c.transport.rt }
 
 // usable is Available without the time.Time conversion: the hot-path check of Pick.
 func (c *Cluster) usable(s *endpointState, now int64) bool {
@@ -398,7 +398,8 @@ func (c *Cluster) Close() {
 
 // sharedTransport is a transport used by one cluster and the clusters that inherited it.
 type sharedTransport struct {
-	t    *http.Transport
+	t    *http.Transport // health checks, model lists, and what rt does not send itself
+	rt   *h1             // requests and mirrored copies (see h1)
 	refs atomic.Int64
 }
 
@@ -416,7 +417,7 @@ func (s *sharedTransport) acquire() bool {
 
 func (s *sharedTransport) release() {
 	if s.refs.Add(-1) == 0 {
-		s.t.CloseIdleConnections()
+		s.rt.CloseIdleConnections() // and the fallback's
 	}
 }
 

@@ -111,9 +111,13 @@ func TestTransportSettings(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newTestCluster(t, tt.opts)
-			tr, ok := c.Transport().(*http.Transport)
+			h, ok := c.Transport().(*h1)
 			if !ok {
-				t.Fatalf("Transport is %T, want *http.Transport", c.Transport())
+				t.Fatalf("Transport is %T, want *h1", c.Transport())
+			}
+			tr := h.fallback
+			if h.maxIdle != tt.wantIdle {
+				t.Errorf("h1 keeps %d idle connections per host, want %d", h.maxIdle, tt.wantIdle)
 			}
 			if tr.ForceAttemptHTTP2 != tt.wantHTTP2 {
 				t.Errorf("ForceAttemptHTTP2 = %v, want %v", tr.ForceAttemptHTTP2, tt.wantHTTP2)

@@ -1,0 +1,462 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// h1 is the upstream client of plain-HTTP endpoints: HTTP/1.1 over pooled keep-alive
+// connections, with the request written and the answer read on the caller's own goroutine.
+// net/http's Transport runs a read loop and a write loop goroutine per connection and hands
+// every request, answer and body read between them and the caller; for a gateway whose
+// requests are small and whose answers are streamed event by event, those hand-offs are most
+// of its CPU per request. h1 has none: a request is one buffered write and the answer is
+// parsed from the connection's reader as the relay reads it. Cancellation closes the
+// connection (context.AfterFunc, which costs a goroutine only when it fires).
+//
+// It serves what the gateway sends: http:// URLs, bodies that are absent or replayable
+// (GetBody), no Expect or Upgrade. Anything else (https, HTTP/2, a pass-through body that
+// must stream while the answer is read) goes to the fallback, net/http's Transport.
+type h1 struct {
+	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
+	fallback    *http.Transport
+	maxIdle     int           // idle connections kept per host
+	idleTimeout time.Duration // an idle connection older than this is closed, not reused
+
+	mu     sync.Mutex
+	idle   map[string][]*h1Conn // by host:port, most recently used last
+	closed bool
+}
+
+// maxInformational bounds the 1xx answers read before the final one (net/http's bound).
+const maxInformational = 5
+
+// errTooManyInformational: a server that answers 1xx after 1xx without an answer.
+var errTooManyInformational = errors.New("upstream: too many 1xx informational responses")
+
+// errHeaderTooLarge: a server whose answer's headers exceed MaxResponseHeaderBytes.
+var errHeaderTooLarge = fmt.Errorf("upstream: response headers exceed %d bytes", MaxResponseHeaderBytes)
+
+// longAgo is a deadline in the past: setting it unblocks a connection's reads and writes.
+var longAgo = time.Unix(1, 0)
+
+// h1Conn is one pooled connection.
+type h1Conn struct {
+	c     net.Conn
+	lim   limitedReader // the connection as br reads it: bounded while headers are read
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	host  string
+	used  time.Time // when it last went idle
+	reuse bool      // it served a request before this one
+}
+
+// limitedReader reads from r, at most n bytes while n >= 0 (n < 0: unbounded).
+type limitedReader struct {
+	r     io.Reader
+	n     int64
+	total int64 // bytes read, ever
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n < 0 {
+		n, err := l.r.Read(p)
+		l.total += int64(n)
+		return n, err
+	}
+	if l.n == 0 {
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	l.total += int64(n)
+	return n, err
+}
+
+func newH1(dial func(ctx context.Context, network, addr string) (net.Conn, error), fallback *http.Transport, maxIdle int) *h1 {
+	if maxIdle <= 0 {
+		maxIdle = http.DefaultMaxIdleConnsPerHost
+	}
+	return &h1{dial: dial, fallback: fallback, maxIdle: maxIdle, idleTimeout: 90 * time.Second, idle: map[string][]*h1Conn{}}
+}
+
+// handles reports whether h1 sends req itself.
+func handles(req *http.Request) bool {
+	if req.URL.Scheme != "http" || req.URL.User != nil {
+		return false
+	}
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return false
+	}
+	if _, ok := req.Header["Expect"]; ok {
+		return false
+	}
+	_, up := req.Header["Upgrade"]
+	return !up && req.Method != http.MethodConnect
+}
+
+// RoundTrip sends req and returns the answer, whose body reads from the connection.
+func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !handles(req) {
+		return t.fallback.RoundTrip(req)
+	}
+	if err := validHeaders(req.Header); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	ctx := req.Context()
+	host := hostPort(req.URL.Host)
+	for try := 0; ; try++ {
+		c, err := t.get(ctx, host)
+		if err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		resp, retry, err := t.exchange(ctx, c, req)
+		if err == nil {
+			return resp, nil
+		}
+		// A kept-alive connection the server had closed when the request was written on it
+		// (nothing of an answer came back): nothing ran, so the request goes again once on
+		// a new connection, as net/http's Transport does.
+		if !retry || try > 0 || ctx.Err() != nil {
+			closeBody(req)
+			return nil, err
+		}
+		if req.GetBody != nil {
+			b, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			req = shallowWithBody(req, b)
+		}
+	}
+}
+
+// exchange writes req on c and reads the answer's head. retry reports that c was a reused
+// connection that failed before any byte of an answer arrived.
+func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.Response, bool, error) {
+	b := &h1Body{t: t, c: c}
+	stop := context.AfterFunc(ctx, func() {
+		b.cancelled.Store(true)
+		_ = c.c.SetDeadline(longAgo)
+	})
+	b.stop = stop
+	fail := func(err error) (*http.Response, bool, error) {
+		stop()
+		_ = c.c.Close()
+		if ctx.Err() != nil {
+			return nil, false, ctx.Err()
+		}
+		return nil, false, err
+	}
+	if err := writeRequest(c.bw, req); err != nil {
+		if c.reuse && ctx.Err() == nil {
+			stop()
+			_ = c.c.Close()
+			return nil, true, err
+		}
+		return fail(err)
+	}
+	c.lim.n = MaxResponseHeaderBytes
+	before := c.lim.total
+	var resp *http.Response
+	for n := 0; ; n++ {
+		r, err := http.ReadResponse(c.br, req)
+		if err != nil {
+			nothing := c.lim.total == before
+			if c.reuse && ctx.Err() == nil && nothing && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
+				stop()
+				_ = c.c.Close()
+				return nil, true, fmt.Errorf("upstream: server closed idle connection: %w", err)
+			}
+			return fail(err)
+		}
+		if r.StatusCode >= 200 || r.StatusCode == http.StatusSwitchingProtocols {
+			resp = r
+			break
+		}
+		if n+1 >= maxInformational {
+			return fail(errTooManyInformational)
+		}
+		c.lim.n = MaxResponseHeaderBytes
+	}
+	c.lim.n = -1
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		resp.Body.Close()
+		return fail(errors.New("upstream: unexpected 101 Switching Protocols"))
+	}
+	b.rc, b.keep = resp.Body, !resp.Close && !req.Close
+	resp.Body = b
+	if resp.ContentLength == 0 && !chunked(resp) {
+		// No body to read (HEAD, 204, 304, Content-Length: 0): the connection is free now.
+		b.done()
+	}
+	return resp, false, nil
+}
+
+func chunked(r *http.Response) bool {
+	return len(r.TransferEncoding) > 0 && r.TransferEncoding[0] == "chunked"
+}
+
+// h1Body is an answer's body: it reads from the connection, and gives the connection back
+// to the pool when read to its end (or closes it when left unread or broken).
+type h1Body struct {
+	rc        io.ReadCloser
+	t         *h1
+	c         *h1Conn
+	stop      func() bool
+	cancelled atomic.Bool // the request's context ended: the connection's deadline is spent
+	keep      bool
+	eof       bool
+	closed    bool
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.closed {
+		return 0, errors.New("upstream: read on a closed body")
+	}
+	if b.eof {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		b.done()
+	case err != nil:
+		b.abandon()
+	}
+	return n, err
+}
+
+// done: the body was read to its end; the connection goes back to the pool when it may.
+func (b *h1Body) done() {
+	if b.eof || b.closed {
+		return
+	}
+	b.eof = true
+	if b.stop() && b.keep && !b.cancelled.Load() {
+		b.t.put(b.c)
+		return
+	}
+	_ = b.c.c.Close()
+}
+
+// abandon closes the connection: the body is left unread or broke.
+func (b *h1Body) abandon() {
+	if b.eof || b.closed {
+		return
+	}
+	b.closed = true
+	b.stop()
+	_ = b.c.c.Close()
+}
+
+func (b *h1Body) Close() error {
+	if !b.eof {
+		b.abandon()
+	}
+	b.closed = true
+	return nil
+}
+
+// get takes an idle connection to host, or dials one.
+func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
+	now := time.Now()
+	t.mu.Lock()
+	for l := t.idle[host]; len(l) > 0; l = t.idle[host] {
+		c := l[len(l)-1]
+		l[len(l)-1] = nil
+		t.idle[host] = l[:len(l)-1]
+		if now.Sub(c.used) < t.idleTimeout {
+			t.mu.Unlock()
+			c.reuse = true
+			return c, nil
+		}
+		_ = c.c.Close()
+	}
+	t.mu.Unlock()
+	nc, err := t.dial(ctx, "tcp", host)
+	if err != nil {
+		return nil, err
+	}
+	c := &h1Conn{c: nc, host: host}
+	c.lim = limitedReader{r: nc, n: -1}
+	c.br = bufio.NewReaderSize(&c.lim, 8<<10)
+	c.bw = bufio.NewWriterSize(nc, 4<<10)
+	return c, nil
+}
+
+// put returns a connection to the pool (closing it when the pool is full or closed).
+func (t *h1) put(c *h1Conn) {
+	if c.br.Buffered() > 0 {
+		_ = c.c.Close() // bytes past the answer: the server is confused
+		return
+	}
+	_ = c.c.SetDeadline(time.Time{})
+	c.used = time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || len(t.idle[c.host]) >= t.maxIdle {
+		_ = c.c.Close()
+		return
+	}
+	t.idle[c.host] = append(t.idle[c.host], c)
+}
+
+// CloseIdleConnections closes the idle connections (the fallback's too).
+func (t *h1) CloseIdleConnections() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = map[string][]*h1Conn{}
+	t.mu.Unlock()
+	for _, l := range idle {
+		for _, c := range l {
+			_ = c.c.Close()
+		}
+	}
+	t.fallback.CloseIdleConnections()
+}
+
+// writeRequest writes req as HTTP/1.1: the request line, Host, the headers, Content-Length,
+// and the body.
+func writeRequest(w *bufio.Writer, req *http.Request) error {
+	uri := req.URL.RequestURI()
+	if req.URL.Opaque != "" {
+		uri = req.URL.Opaque
+	}
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	w.WriteString(method)
+	w.WriteByte(' ')
+	w.WriteString(uri)
+	w.WriteString(" HTTP/1.1\r\nHost: ")
+	w.WriteString(host)
+	w.WriteString("\r\n")
+	for k, vs := range req.Header {
+		switch k {
+		case "Host", "Content-Length", "Transfer-Encoding", "Connection":
+			continue
+		}
+		for _, v := range vs {
+			w.WriteString(k)
+			w.WriteString(": ")
+			w.WriteString(v)
+			w.WriteString("\r\n")
+		}
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		w.WriteString("User-Agent: sluice\r\n")
+	}
+	if req.Close {
+		w.WriteString("Connection: close\r\n")
+	}
+	var body io.ReadCloser
+	if req.Body != nil && req.Body != http.NoBody {
+		body = req.Body
+	}
+	switch {
+	case body != nil && req.ContentLength > 0:
+		w.WriteString("Content-Length: ")
+		w.WriteString(itoa(req.ContentLength))
+		w.WriteString("\r\n")
+	case body != nil || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch:
+		if body != nil && req.ContentLength < 0 {
+			return errors.New("upstream: a body of unknown length") // not handled here (see handles)
+		}
+		w.WriteString("Content-Length: 0\r\n")
+	}
+	w.WriteString("\r\n")
+	if body != nil {
+		n, err := io.Copy(w, body)
+		body.Close()
+		if err != nil {
+			return fmt.Errorf("upstream: writing the request body: %w", err)
+		}
+		if n != req.ContentLength {
+			return fmt.Errorf("upstream: request body of %d bytes, Content-Length %d", n, req.ContentLength)
+		}
+	}
+	return w.Flush()
+}
+
+// validHeaders refuses header names and values that would break the request's framing.
+func validHeaders(h http.Header) error {
+	for k, vs := range h {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return fmt.Errorf("upstream: invalid header name %q", k)
+		}
+		for _, v := range vs {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return fmt.Errorf("upstream: invalid value for header %q", k)
+			}
+		}
+	}
+	return nil
+}
+
+func itoa(n int64) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			break
+		}
+	}
+	return string(b[i:])
+}
+
+// hostPort is host with port 80 when it has none.
+func hostPort(host string) string {
+	if _, _, err := net.SplitHostPort(host); err == nil {
+		return host
+	}
+	if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		return host + ":80"
+	}
+	if strings.Count(host, ":") > 1 {
+		return "[" + host + "]:80"
+	}
+	return host + ":80"
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// shallowWithBody is req with another body (a retry's).
+func shallowWithBody(req *http.Request, body io.ReadCloser) *http.Request {
+	r := *req
+	r.Body = body
+	return &r
+}

@@ -1,0 +1,444 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// rawServer accepts connections on 127.0.0.1 and runs serve on each until the test ends.
+func rawServer(t *testing.T, serve func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// countingH1 is an h1 client whose dials are counted.
+func countingH1(t *testing.T) (*h1, *atomic.Int64) {
+	t.Helper()
+	var dials atomic.Int64
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	fb := &http.Transport{DialContext: d.DialContext}
+	h := newH1(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return d.DialContext(ctx, network, addr)
+	}, fb, 4)
+	t.Cleanup(h.CloseIdleConnections)
+	return h, &dials
+}
+
+func newReq(t *testing.T, ctx context.Context, url, body string) *http.Request {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestH1KeepAlive: answers with a length, chunked and empty reuse one connection; the request
+// arrives whole (method, path and query, Host, headers, body).
+func TestH1KeepAlive(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, fmt.Sprintf("%s %s %s %s %s", r.Method, r.URL.RequestURI(), r.Host, r.Header.Get("X-A"), b))
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/chunked":
+			w.Write([]byte("one,"))
+			w.(http.Flusher).Flush()
+			w.Write([]byte("two"))
+		case "/empty":
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			w.Write([]byte("body"))
+		}
+	}))
+	defer srv.Close()
+	h, dials := countingH1(t)
+	for i, tc := range []struct{ path, want string }{{"/len?q=1", "body"}, {"/chunked", "one,two"}, {"/empty", ""}, {"/len", "body"}} {
+		req := newReq(t, context.Background(), srv.URL+tc.path, fmt.Sprintf(`{"n":%d}`, i))
+		req.Header.Set("X-A", "a")
+		resp, err := h.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := readAll(t, resp); b != tc.want {
+			t.Errorf("%s: body %q, want %q", tc.path, b, tc.want)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("%d dials for 4 sequential requests, want 1 (keep-alive)", n)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	want := []string{"POST /len?q=1 " + host + ` a {"n":0}`, "POST /chunked " + host + ` a {"n":1}`, "POST /empty " + host + ` a {"n":2}`, "POST /len " + host + ` a {"n":3}`}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("server saw %q, want %q", got, want)
+	}
+}
+
+// TestH1StaleConnection: a kept-alive connection the server closed while it was idle is
+// detected when the next request is written or its answer read; the request goes again once
+// on a new connection, body and all.
+func TestH1StaleConnection(t *testing.T) {
+	var bodies []string
+	var mu sync.Mutex
+	addr := rawServer(t, func(c net.Conn) {
+		// One answer per connection, keep-alive announced, then the server closes it.
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		b, _ := io.ReadAll(req.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		time.Sleep(20 * time.Millisecond)
+	})
+	h, dials := countingH1(t)
+	for i := range 3 {
+		resp, err := h.RoundTrip(newReq(t, context.Background(), "http://"+addr+"/", fmt.Sprintf("b%d", i)))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if b := readAll(t, resp); b != "ok" {
+			t.Fatalf("request %d: %q", i, b)
+		}
+		time.Sleep(50 * time.Millisecond) // the server has closed the idle connection by now
+	}
+	if n := dials.Load(); n < 3 {
+		t.Errorf("%d dials, want a new connection for each request", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(bodies) != "[b0 b1 b2]" {
+		t.Errorf("server got bodies %q, want each request once", bodies)
+	}
+}
+
+// TestH1UnreadBodyClosesConnection: an answer left unread does not return its connection to
+// the pool (its rest would be read as the next answer).
+func TestH1UnreadBodyClosesConnection(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(bytes.Repeat([]byte("x"), 64<<10))
+	}))
+	defer srv.Close()
+	h, dials := countingH1(t)
+	for range 2 {
+		resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 10)
+		if _, err := io.ReadFull(resp.Body, buf); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if n := dials.Load(); n != 2 {
+		t.Errorf("%d dials, want 2: a half-read connection is not reused", n)
+	}
+}
+
+// TestH1CancelUnblocksRead: cancelling the request's context ends a body read that waits on
+// a server sending nothing, at once, and the connection is not reused.
+func TestH1CancelUnblocksRead(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte("data: 1\n\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	h, _ := countingH1(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := h.RoundTrip(newReq(t, ctx, srv.URL, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64)
+	if _, err := resp.Body.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := resp.Body.Read(buf)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a read after cancel succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancel did not unblock the body read")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, l := range h.idle {
+		if len(l) > 0 {
+			t.Error("a cancelled connection went back to the pool")
+		}
+	}
+}
+
+// TestH1CancelBeforeAnswer: a context cancelled while the server has not answered returns
+// the context's error.
+func TestH1CancelBeforeAnswer(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	h, _ := countingH1(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := h.RoundTrip(newReq(t, ctx, srv.URL, "x"))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v, want the context's deadline", err)
+	}
+}
+
+// TestH1HostileAnswers: what a broken server sends is an error, bounded: a flood of 1xx,
+// headers past MaxResponseHeaderBytes, a malformed status line, a body shorter than its
+// length.
+func TestH1HostileAnswers(t *testing.T) {
+	cases := []struct {
+		name, answer string
+		want         error
+		bodyErr      bool
+	}{
+		{"1xx flood", strings.Repeat("HTTP/1.1 102 Processing\r\n\r\n", 50), errTooManyInformational, false},
+		{"huge headers", "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("a", MaxResponseHeaderBytes+10) + "\r\n\r\n", errHeaderTooLarge, false},
+		{"malformed", "HTTTP/9 what\r\n\r\n", nil, false},
+		{"short body", "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", nil, true},
+		{"switching protocols", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", nil, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := rawServer(t, func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, tc.answer)
+			})
+			h, _ := countingH1(t)
+			resp, err := h.RoundTrip(newReq(t, context.Background(), "http://"+addr+"/", "x"))
+			if tc.bodyErr {
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				if _, err := io.ReadAll(resp.Body); err == nil {
+					t.Error("a short body read without error")
+				}
+				return
+			}
+			if err == nil {
+				resp.Body.Close()
+				t.Fatal("no error")
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Errorf("err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestH1RefusesBrokenHeaders: a header value that would break the request's framing is
+// refused before anything is sent.
+func TestH1RefusesBrokenHeaders(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	h, _ := countingH1(t)
+	req := newReq(t, context.Background(), srv.URL, "x")
+	req.Header["X-Evil"] = []string{"a\r\nX-Injected: 1"}
+	if _, err := h.RoundTrip(req); err == nil {
+		t.Fatal("a header with CRLF was sent")
+	}
+	if hits.Load() != 0 {
+		t.Error("the server got the request")
+	}
+}
+
+// TestH1FallsBack: what h1 does not send itself (a streaming body of unknown length) goes
+// through net/http's Transport, which sends it chunked.
+func TestH1FallsBack(t *testing.T) {
+	te := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		te <- fmt.Sprint(r.TransferEncoding)
+	}))
+	defer srv.Close()
+	h, dials := countingH1(t)
+	pr, pw := io.Pipe()
+	go func() {
+		pw.Write([]byte("streamed"))
+		pw.Close()
+	}()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, pr)
+	resp, err := h.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if got := <-te; got != "[chunked]" {
+		t.Errorf("transfer encoding %s, want chunked", got)
+	}
+	if dials.Load() != 0 {
+		t.Error("h1 dialled for a request it does not send")
+	}
+}
+
+// TestH1Concurrent: concurrent requests each get their own answer (run with -race).
+func TestH1Concurrent(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	}))
+	defer srv.Close()
+	h, dials := countingH1(t)
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				want := fmt.Sprintf("g%d-%d", g, i)
+				resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, want))
+				if err != nil {
+					bad.Add(1)
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if string(b) != want {
+					bad.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Errorf("%d of 200 requests failed or got another's answer", bad.Load())
+	}
+	if n := dials.Load(); n > 8+4 {
+		t.Errorf("%d dials for 8 concurrent clients", n)
+	}
+}
+
+// FuzzH1Answer: whatever a server sends, RoundTrip and the body read return (no panic, no
+// hang), and a read never yields more than the server sent.
+func FuzzH1Answer(f *testing.F) {
+	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"))
+	f.Add([]byte("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"))
+	f.Add([]byte("HTTP/1.0 200 OK\r\n\r\nclose-delimited"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"))
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		h := newH1(func(ctx context.Context, network, addr string) (net.Conn, error) {
+			a, b := net.Pipe()
+			go func() {
+				defer b.Close()
+				_ = b.SetDeadline(time.Now().Add(2 * time.Second))
+				br := bufio.NewReader(b)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				_, _ = b.Write(answer)
+			}()
+			return a, nil
+		}, &http.Transport{}, 2)
+		defer h.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://fuzz.test/", strings.NewReader("x"))
+		resp, err := h.RoundTrip(req)
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, int64(len(answer))+1))
+		if len(b) > len(answer) {
+			t.Fatalf("read %d bytes of a %d-byte answer", len(b), len(answer))
+		}
+	})
+}
