@@ -30,6 +30,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,10 @@ func (w *discardWriter) WriteHeader(status int)      { w.status = status }
 func (w *discardWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
 func (w *discardWriter) Flush()                      { w.flushes++ }
 
+// The connection deadlines a real server's writer takes (http.ResponseController).
+func (w *discardWriter) SetWriteDeadline(time.Time) error { return nil }
+func (w *discardWriter) SetReadDeadline(time.Time) error  { return nil }
+
 func benchChatBody(stream bool, maxTokens int) []byte {
 	return fmt.Appendf(nil, `{"model":"sim-llama","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write a short poem about rivers and the sea."}],"max_tokens":%d,"stream":%t}`, maxTokens, stream)
 }
@@ -132,10 +137,22 @@ func benchChatBody(stream bool, maxTokens int) []byte {
 // without listeners. upstream, when not nil, is registered on the cluster's transport for
 // the "http" scheme, so every upstream request (health checks included) goes to it.
 func newBenchServer(b *testing.B, upstreamURL string, upstream http.RoundTripper) *Server {
+	return newBenchServerClient(b, upstreamURL, upstream, "")
+}
+
+// newBenchServerClient is newBenchServer with the clusters' http_client set (a fake upstream
+// is registered on net/http's Transport, so it needs "net/http").
+func newBenchServerClient(b *testing.B, upstreamURL string, upstream http.RoundTripper, client string) *Server {
 	b.Helper()
 	cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{upstreamURL}, "")
 	if err != nil {
 		b.Fatal(err)
+	}
+	if upstream != nil {
+		client = "net/http"
+	}
+	for i := range cfg.Clusters {
+		cfg.Clusters[i].HTTPClient = client
 	}
 	srv, err := New(Options{Config: cfg, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -143,11 +160,7 @@ func newBenchServer(b *testing.B, upstreamURL string, upstream http.RoundTripper
 	}
 	if upstream != nil {
 		for _, cl := range srv.state.Load().clusters {
-			t, ok := cl.Transport().(*http.Transport)
-			if !ok {
-				b.Fatalf("cluster transport is %T, not *http.Transport", cl.Transport())
-			}
-			t.RegisterProtocol("http", upstream)
+			cl.HTTPTransport().RegisterProtocol("http", upstream)
 		}
 	}
 	return srv
@@ -313,6 +326,60 @@ func benchLoopback(b *testing.B, n int) {
 			b.StopTimer()
 			// Both ends run in this process: allocs/event counts client and upstream too.
 			reportPerEvent(b, len(evs), ms.Mallocs)
+		})
+	}
+}
+
+// BenchmarkRequestLoopback is one non-streaming request per iteration over loopback TCP,
+// client, gateway and upstream in this process: "direct" to the upstream, then through a
+// started Server with each upstream client (clusters[].http_client). ns/op is the whole
+// round trip on every hop; compare the sub-benchmarks with each other in one run.
+func BenchmarkRequestLoopback(b *testing.B) {
+	answer := []byte(benchChatAnswer)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(answer)
+	}))
+	defer up.Close()
+	body := benchChatBody(false, 16)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	run := func(b *testing.B, base string) {
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		got, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || got != int64(len(answer)) {
+			b.Fatalf("status %d, %d bytes", resp.StatusCode, got)
+		}
+	}
+	b.Run("direct", func(b *testing.B) {
+		run(b, up.URL)
+		b.ReportAllocs()
+		for b.Loop() {
+			run(b, up.URL)
+		}
+	})
+	for _, hc := range []string{"sluice", "net/http"} {
+		b.Run("client="+strings.ReplaceAll(hc, "/", ""), func(b *testing.B) {
+			srv := newBenchServerClient(b, up.URL, nil, hc)
+			if err := srv.Start(); err != nil {
+				b.Fatal(err)
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(ctx)
+			}()
+			base := "http://" + srv.Addr()
+			run(b, base)
+			b.ReportAllocs()
+			for b.Loop() {
+				run(b, base)
+			}
 		})
 	}
 }

@@ -338,6 +338,7 @@ func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logge
 		Name:                cc.Name,
 		ConnectTimeout:      cc.Timeouts.Or(defaults).Connect.D(),
 		MaxIdleConnsPerHost: cc.MaxIdleConnsPerHost,
+		NetHTTP:             cc.HTTPClient == "net/http",
 		TLS:                 upstream.TLS{CAFile: cc.TLS.CAFile, ServerName: cc.TLS.ServerName, InsecureSkipVerify: cc.TLS.InsecureSkipVerify},
 		Logger:              log,
 	}

@@ -469,6 +469,11 @@ func (c *Config) checkClusters(add problemf) map[string]bool {
 		if cl.MaxIdleConnsPerHost < 0 {
 			add("%s.max_idle_conns_per_host: must not be negative", at)
 		}
+		switch cl.HTTPClient {
+		case "", "sluice", "net/http":
+		default:
+			add("%s.http_client: %q is not a client (sluice, net/http)", at, cl.HTTPClient)
+		}
 		switch cl.Picking.Strategy {
 		case "", "least_inflight":
 		case "load_aware":

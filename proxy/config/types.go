@@ -180,6 +180,10 @@ type Cluster struct {
 	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
 	// MaxIdleConnsPerHost sizes the keep-alive pool to each endpoint.
 	MaxIdleConnsPerHost int `yaml:"max_idle_conns_per_host" json:"max_idle_conns_per_host"`
+	// HTTPClient is the client of the cluster's plain-HTTP endpoints: "sluice" (default),
+	// the gateway's own HTTP/1.1 client on the handler's goroutine, or "net/http", Go's
+	// Transport (https endpoints always use Go's).
+	HTTPClient string `yaml:"http_client" json:"http_client,omitempty"`
 	// Picking chooses an endpoint for each request.
 	Picking Picking `yaml:"picking" json:"picking"`
 	// Pending marks a cluster a route names whose endpoints are not known yet (xDS: the

@@ -99,6 +99,7 @@ func NewCluster(opts Options) (*Cluster, error) {
 	}
 	c.tkey = key
 	c.transport = &sharedTransport{t: t, rt: newH1(t.DialContext, t, o.MaxIdleConnsPerHost)}
+	c.transport.rt.off = o.NetHTTP
 	c.transport.refs.Store(1)
 	return c, nil
 }
@@ -155,6 +156,10 @@ func (c *Cluster) Load() (perEndpoint float64, begun int64) {
 
 // Transport returns the cluster's shared transport (see newTransport for its settings).
 func (c *Cluster) Transport() http.RoundTripper { return c.transport.rt }
+
+// HTTPTransport returns the cluster's net/http Transport: health checks, model lists, https
+// endpoints, and the requests the cluster's own client passes on (see h1).
+func (c *Cluster) HTTPTransport() *http.Transport { return c.transport.t }
 
 // usable is Available without the time.Time conversion: the hot-path check of Pick.
 func (c *Cluster) usable(s *endpointState, now int64) bool {
@@ -429,6 +434,7 @@ type transportKey struct {
 	insecure   bool
 	caPEM      string
 	anyTLS     bool
+	netHTTP    bool
 }
 
 // newTransport builds the cluster's transport: dial and TLS handshake bounded by
@@ -443,6 +449,7 @@ func newTransport(o Options, anyTLS bool) (*http.Transport, transportKey, error)
 		serverName: o.TLS.ServerName,
 		insecure:   o.TLS.InsecureSkipVerify,
 		anyTLS:     anyTLS,
+		netHTTP:    o.NetHTTP,
 	}
 	tlsConf := &tls.Config{
 		MinVersion:         tls.VersionTLS12,

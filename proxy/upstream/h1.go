@@ -34,6 +34,7 @@ type h1 struct {
 	fallback    *http.Transport
 	maxIdle     int           // idle connections kept per host
 	idleTimeout time.Duration // an idle connection older than this is closed, not reused
+	off         bool          // every request goes to the fallback (clusters[].http_client: net/http)
 
 	mu     sync.Mutex
 	idle   map[string][]*h1Conn // by host:port, most recently used last
@@ -112,7 +113,7 @@ func handles(req *http.Request) bool {
 
 // RoundTrip sends req and returns the answer, whose body reads from the connection.
 func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
-	if !handles(req) {
+	if t.off || !handles(req) {
 		return t.fallback.RoundTrip(req)
 	}
 	if err := validHeaders(req.Header); err != nil {

@@ -136,6 +136,7 @@ type Options struct {
 	Outlier             Outlier
 	TLS                 TLS
 	MaxIdleConnsPerHost int          // keep-alive pool per endpoint; default 256
+	NetHTTP             bool         // plain-HTTP endpoints too through net/http's Transport, not h1
 	Load                LoadSource   // model-server load per endpoint; nil: in-flight counts only
 	Picking             Picking      // strategy, score weights, prefix affinity
 	Clock               Clock        // default: the real clock
