@@ -68,7 +68,7 @@ clusters:
   - name: a
     endpoints: []
   - endpoints: [{url: "http://h:2", metrics: "::"}, {url: "http://u:p@h:3", weight: 20000}]
-  - {name: b, endpoints: [{url: "http://h:4"}], health_check: {disabled: true}}
+  - {name: b, endpoints: [{url: "http://h:4"}], health_check: {disabled: true}, http_client: curl}
 routes:
   - {name: r1, cluster: x}
   - {name: r1, cluster: a, match: {path_prefix: v1, model: "[", headers: {"bad name": v}}}
@@ -96,6 +96,7 @@ routes:
 		`clusters[2].endpoints[0].metrics: "::": missing protocol scheme`,
 		`clusters[2].endpoints[1].url: "http://u:p@h:3": must not contain user info`,
 		`clusters[2].endpoints[1].weight: 20000 is not within 1..10000`,
+		`clusters[3].http_client: "curl" is not a client (sluice, net/http)`,
 		`admin.ready_clusters[0]: unknown cluster "nope"`,
 		`admin.ready_clusters[1]: cluster "b" has no active health check, so its readiness is unknown`,
 		`admin.metrics_token_env: SLUICE_TEST_EMPTY is not set (or empty)`,
