@@ -75,6 +75,46 @@ type ClusterUser interface {
 	Clusters() map[string]string
 }
 
+// Viewer is a plugin with an admin view: GET /admin/policies shows every plugin of the
+// serving generation with its view (a JSON-encodable value, bounded by the config).
+type Viewer interface {
+	AdminView() any
+}
+
+// MetricsReporter is a plugin that exports metrics of its own. ReportMetrics is called at
+// each scrape and emits the plugin's current values; the gateway adds the plugin's route
+// (and type and name) as labels. Names are Prometheus names (sluice_<type>_…, counters
+// ending in _total); label values must be bounded by the config (tenants, the route's
+// models), never taken from a request as they are. It must not block.
+type MetricsReporter interface {
+	ReportMetrics(emit func(Sample))
+}
+
+// SampleKind is the kind of a Sample.
+type SampleKind int
+
+// The kinds of samples.
+const (
+	Counter SampleKind = iota
+	Gauge
+	Histogram
+)
+
+// Sample is one value a plugin exports.
+type Sample struct {
+	Name   string
+	Help   string
+	Kind   SampleKind
+	Labels [][2]string // extra labels, name and value, the same names for every sample of Name
+	Value  float64     // a counter's or gauge's value
+	// A histogram's buckets: upper bounds (ascending, +Inf implied), the count in each
+	// bucket (not cumulative; one more for +Inf may be given), the total count and sum.
+	Bounds []float64
+	Counts []uint64
+	Count  uint64
+	Sum    float64
+}
+
 // Factory builds a policy from its params. A factory validates its params whole and returns
 // every problem at once.
 type Factory func(params json.RawMessage, env Env) (Plugin, error)

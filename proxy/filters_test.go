@@ -74,6 +74,22 @@ func (f *testFilter) Observe(_ context.Context, _ *policy.Request, o policy.Outc
 	f.rec.outcomes = append(f.rec.outcomes, o)
 }
 
+func (f *testFilter) AdminView() any {
+	f.rec.mu.Lock()
+	defer f.rec.mu.Unlock()
+	return map[string]int{"watched": f.rec.watched}
+}
+
+func (f *testFilter) ReportMetrics(emit func(policy.Sample)) {
+	f.rec.mu.Lock()
+	n := f.rec.watched
+	f.rec.mu.Unlock()
+	emit(policy.Sample{Name: "sluice_test_filter_watched_total", Help: "Streams watched", Kind: policy.Counter,
+		Labels: [][2]string{{"model", "m"}}, Value: float64(n)})
+	emit(policy.Sample{Name: "sluice_test_filter_margin", Help: "Margins", Kind: policy.Histogram,
+		Bounds: []float64{0.1, 1}, Counts: []uint64{2, 3, 1}, Count: 6, Sum: 2.5})
+}
+
 func (f *testFilter) WatchStream(*policy.Request) policy.StreamWatcher {
 	f.rec.mu.Lock()
 	f.rec.watched++
@@ -309,4 +325,68 @@ func openaiEvent(t *testing.T, raw []byte) openai.Event {
 		t.Fatal(err)
 	}
 	return ev
+}
+
+// TestPluginViewsAndMetrics: a plugin's own admin view is in GET /admin/policies with the
+// contracts the gateway found on it, and its own metrics are on /metrics with its route and
+// name as labels.
+func TestPluginViewsAndMetrics(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, chunk("a", "")+"data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	srv := startTestServer(t, fmt.Sprintf(`listen: 127.0.0.1:0
+admin: {listen: 127.0.0.1:0}
+clusters:
+  - {name: c, endpoints: [{url: %q}], health_check: {disabled: true}}
+routes:
+  - name: r
+    cluster: c
+    policies:
+      - {type: test_stream_filter, name: mine, params: {key: %q}}
+`, up.URL, t.Name()))
+	if st, b := post(t, http.DefaultClient, "http://"+srv.Addr()+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`); st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	get := func(path string) string {
+		resp, err := http.Get("http://" + srv.AdminAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	var view struct {
+		Policies []pluginEntry `json:"policies"`
+	}
+	if err := json.Unmarshal([]byte(get("/admin/policies")), &view); err != nil {
+		t.Fatal(err)
+	}
+	var mine *pluginEntry
+	for i, p := range view.Policies {
+		if p.Name == "mine" {
+			mine = &view.Policies[i]
+		}
+	}
+	if mine == nil || mine.Route != "r" || mine.Type != "test_stream_filter" ||
+		fmt.Sprint(mine.Contracts) != "[admitter observer stream_filter admin_view metrics]" ||
+		fmt.Sprint(mine.View) != "map[watched:1]" {
+		t.Fatalf("/admin/policies: %+v", view.Policies)
+	}
+	m := get("/metrics")
+	for _, want := range []string{
+		`sluice_test_filter_watched_total{model="m",policy="mine",route="r"} 1`,
+		`sluice_test_filter_margin_bucket{policy="mine",route="r",le="0.1"} 2`,
+		`sluice_test_filter_margin_bucket{policy="mine",route="r",le="1"} 5`,
+		`sluice_test_filter_margin_count{policy="mine",route="r"} 6`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 }

@@ -79,6 +79,7 @@ type Server struct {
 	shadowReg     metric.Registration
 	connReg       metric.Registration
 	waits         *waitCollector
+	plugins       pluginCollector // the metrics policies report themselves
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
 	// and this host's GPUs.
@@ -215,6 +216,10 @@ func New(opts Options) (*Server, error) {
 	s.waits = newWaitCollector(s)
 	if err := s.tel.Registry().Register(s.waits); err != nil {
 		return nil, fmt.Errorf("concurrency wait metrics: %w", err)
+	}
+	s.plugins = pluginCollector{s}
+	if err := s.tel.Registry().Register(s.plugins); err != nil {
+		return nil, fmt.Errorf("policy metrics: %w", err)
 	}
 	return s, nil
 }
@@ -747,6 +752,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 	_ = s.shadowReg.Unregister()
 	_ = s.connReg.Unregister()
 	s.tel.Registry().Unregister(s.waits)
+	s.tel.Registry().Unregister(s.plugins)
 	_ = s.scraper.Close()
 	if s.devices != nil {
 		_ = s.devices.Close()
