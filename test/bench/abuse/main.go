@@ -10,11 +10,13 @@
 //   - huge n: one request asking n = 200,000,000 of 4,096 tokens from a token-limited route;
 //   - model names: requests with random 16 KiB model names, then one /metrics scrape;
 //   - large answers: concurrent non-streaming answers of 100 MiB;
-//   - a connection flood from one address past the per-client bound.
+//   - a connection flood from one address past the per-client bound;
+//   - idle streams: thousands of streams from a slow model (one token, then a long pause),
+//     the gateway's memory and goroutines while they are held and after they end.
 //
 // It prints one markdown table. See that section for a run.
 //
-//	go run ./test/bench/abuse [--conns 2000] [--readers 500] [--names 2000] [--answers 20]
+//	go run ./test/bench/abuse [--conns 2000] [--readers 500] [--names 2000] [--answers 20] [--idle 9000] [--only idle]
 package main
 
 import (
@@ -42,6 +44,9 @@ import (
 type options struct {
 	conns, readers, names, answers int
 	answerMiB                      int
+	idle                           int           // idle streams held at once
+	idleFor                        time.Duration // the slow model's pause after the first token
+	only                           string        // run this probe alone ("" every one)
 	bodyTimeout, writeTimeout      time.Duration
 	keep                           bool
 }
@@ -56,6 +61,9 @@ func main() {
 	flag.DurationVar(&o.bodyTimeout, "body-timeout", 5*time.Second, "the gateway's timeouts.body (default 30s in a real config)")
 	flag.DurationVar(&o.writeTimeout, "write-timeout", 5*time.Second, "the gateway's timeouts.write (default 30s in a real config)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory")
+	flag.IntVar(&o.idle, "idle", 9000, "idle streams held at once (each takes two of the gateway's descriptors)")
+	flag.DurationVar(&o.idleFor, "idle-for", 20*time.Second, "how long each idle stream waits after its first token")
+	flag.StringVar(&o.only, "only", "", "run one probe alone: slow-bodies, slow-readers, headers, huge-n, names, answers, flood, idle")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "abuse:", err)
@@ -80,11 +88,12 @@ func run(o options) error {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build: %v\n%s", err, out)
 	}
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return err
 	}
 	mockAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	slowAddr := fmt.Sprintf("127.0.0.1:%d", ports[3])
 	gwAddr := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", ports[2])
 	big, err := startBigUpstream(o.answerMiB << 20)
@@ -105,7 +114,9 @@ clusters:
   - {name: mock, endpoints: [{url: "http://%s"}]}
   - {name: big, endpoints: [{url: "http://%s"}], health_check: {disabled: true}}
   - {name: flood, endpoints: [{url: "http://%s"}], health_check: {disabled: true}}
+  - {name: slow, endpoints: [{url: "http://%s"}], health_check: {disabled: true}, max_idle_conns_per_host: 16}
 routes:
+  - {name: slow, match: {model: slow}, cluster: slow, model: sim-llama, timeouts: {idle: 5m, total: 10m}}
   - {name: big, match: {model: big}, cluster: big}
   - {name: flood, match: {model: flood}, cluster: flood}
   - name: limited
@@ -114,7 +125,7 @@ routes:
     model: sim-llama
     policies: [{type: ratelimit, params: {tokens_per_minute: 100000}}]
   - {name: all, cluster: mock}
-`, gwAddr, adminAddr, o.bodyTimeout, o.writeTimeout, 4*o.conns, mockAddr, big.Addr(), flood.Addr())
+`, gwAddr, adminAddr, o.bodyTimeout, o.writeTimeout, max(4*o.conns, o.idle+64), mockAddr, big.Addr(), flood.Addr(), slowAddr)
 	cfgPath := filepath.Join(dir, "sluice.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
@@ -124,6 +135,12 @@ routes:
 		return err
 	}
 	defer mock.stop()
+	slow, err := startChild(dir, "slow-mock", bin, "mock", "--listen", slowAddr, "--itl", "1ms",
+		"--max-running", strconv.Itoa(o.idle+64), "--kv-tokens", strconv.Itoa(max(1<<20, 256*(o.idle+64))))
+	if err != nil {
+		return err
+	}
+	defer slow.stop()
 	gw, err := startChild(dir, "gateway", bin, "serve", "--config", cfgPath, "--log-level", "error")
 	if err != nil {
 		return err
@@ -137,16 +154,23 @@ routes:
 	fmt.Printf("gateway at rest: %d goroutines, %.0f MiB RSS, %d open fds\n\n", base.goroutines, base.rssMiB, base.fds)
 
 	var rows []row
-	for _, p := range []func() (row, error){
-		func() (row, error) { return slowBodies(o, gwAddr, m, base) },
-		func() (row, error) { return slowReaders(o, gwAddr, m, base, flood) },
-		func() (row, error) { return unterminatedHeaders(o, gwAddr, m, base) },
-		func() (row, error) { return hugeN(gwAddr) },
-		func() (row, error) { return modelNames(o, gwAddr, m) },
-		func() (row, error) { return largeAnswers(o, gwAddr, gw) },
-		func() (row, error) { return connectionFlood(o, gwAddr, m) },
+	for _, p := range []struct {
+		name string
+		run  func() (row, error)
+	}{
+		{"slow-bodies", func() (row, error) { return slowBodies(o, gwAddr, m, base) }},
+		{"slow-readers", func() (row, error) { return slowReaders(o, gwAddr, m, base, flood) }},
+		{"headers", func() (row, error) { return unterminatedHeaders(o, gwAddr, m, base) }},
+		{"huge-n", func() (row, error) { return hugeN(gwAddr) }},
+		{"names", func() (row, error) { return modelNames(o, gwAddr, m) }},
+		{"answers", func() (row, error) { return largeAnswers(o, gwAddr, gw) }},
+		{"flood", func() (row, error) { return connectionFlood(o, gwAddr, m) }},
+		{"idle", func() (row, error) { return idleStreams(o, gwAddr, m, base) }},
 	} {
-		r, err := p()
+		if o.only != "" && o.only != p.name {
+			continue
+		}
+		r, err := p.run()
 		if err != nil {
 			return err
 		}
@@ -352,6 +376,73 @@ func connectionFlood(o options, gw string, m *metrics) (row, error) {
 	}
 	return row{"connection flood", fmt.Sprintf("%d connections from one address (bound %d): %d open, %.0f refused; admin /healthz %s",
 		len(conns), limit, s.open, rejected, admin), "`limits.max_connections_per_client`, `limits.max_connections`"}, nil
+}
+
+// idleStreams holds o.idle streams from a slow model at once: each gets its first token, then
+// waits o.idleFor for the rest. It reads the gateway's goroutines and memory at rest, while
+// the streams are held, and after they ended (and a GC).
+func idleStreams(o options, gw string, m *metrics, base snapshot) (row, error) {
+	body := `{"model":"slow","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"wait for it"}]}`
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Sim-Stall-After: 1\r\nX-Sim-Stall-For: %s\r\nContent-Length: %d\r\n\r\n%s",
+		o.idleFor, len(body), body)
+	start := time.Now()
+	conns, err := dialMany(gw, o.idle, func(c net.Conn) error {
+		_, err := io.WriteString(c, req)
+		return err
+	})
+	if err != nil {
+		return row{}, err
+	}
+	defer closeAll(conns)
+	// Every stream's first token, then the streams are held (idle) for the rest of idleFor.
+	readers := make([]*bufio.Reader, len(conns))
+	var first atomic.Int64
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		readers[i] = bufio.NewReaderSize(c, 4<<10)
+		wg.Go(func() {
+			if readUntil(c, readers[i], "data: {", time.Now().Add(o.idleFor)) {
+				first.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	opened := time.Since(start)
+	held := m.read()
+	var done atomic.Int64
+	for i, c := range conns {
+		wg.Go(func() {
+			if readUntil(c, readers[i], "data: [DONE]", time.Now().Add(o.idleFor+2*time.Minute)) {
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	closeAll(conns)
+	if resp, err := http.Get(m.admin + "/debug/pprof/heap?gc=1"); err == nil { // a GC, as an idle gateway's next would
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	after := m.waitBack(base, 30*time.Second)
+	time.Sleep(5 * time.Second)
+	after.rssMiB = m.read().rssMiB
+	per := (held.rssMiB - base.rssMiB) * (1 << 10) / float64(max(first.Load(), 1))
+	return row{"idle streams", fmt.Sprintf("%d streams held (%d got their first token within %.1fs, %d ended whole): at rest %d goroutines / %.0f MiB RSS; held %d goroutines / %.0f MiB RSS (%.0f KiB per stream); after %d goroutines / %.0f MiB RSS",
+		len(conns), first.Load(), opened.Seconds(), done.Load(), base.goroutines, base.rssMiB, held.goroutines, held.rssMiB, per, after.goroutines, after.rssMiB), "slow model"}, nil
+}
+
+// readUntil reads c until a line starts with prefix (true), or it fails or deadline passes.
+func readUntil(c net.Conn, br *bufio.Reader, prefix string, deadline time.Time) bool {
+	_ = c.SetReadDeadline(deadline)
+	for {
+		line, err := br.ReadString('\n')
+		if strings.HasPrefix(line, prefix) {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+	}
 }
 
 // dialMany opens n connections and runs send on each (concurrently, 64 at a time).
