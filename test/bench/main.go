@@ -1,9 +1,9 @@
 // Command bench is Sluice's overhead harness: it runs the simulator with zero delay and
-// measures, side by side in one run, the simulator reached directly, through Sluice and
-// through nginx, alternating the targets in short rounds so that drift on a noisy machine
-// affects all three alike. See README.md in this directory.
+// measures, side by side in one run, the simulator reached directly, through Sluice, through
+// nginx and through haproxy, alternating the targets in short rounds so that drift on a noisy
+// machine affects them all alike. See README.md in this directory.
 //
-//	go run ./test/bench [--quick] [--duration 5s] [--rounds 3] [--out FILE] [--perf]
+//	go run ./test/bench [--quick] [--targets direct,sluice,nginx,haproxy] [--duration 5s] [--rounds 3] [--out FILE] [--perf]
 package main
 
 import (
@@ -46,7 +46,49 @@ type options struct {
 	sluiceEnv    []string
 	maxOther     float64
 	quietWait    time.Duration
+	targets      []string // in allTargets' order; direct always first
 }
+
+// allTargets are the targets the harness knows, in the order the report lists them.
+var allTargets = []string{"direct", "sluice", "nginx", "haproxy"}
+
+// parseTargets parses --targets: a comma-separated subset of allTargets that names direct
+// (every added figure is relative to it) and at least one proxy. It returns the names in
+// allTargets' order, whatever order they were given in.
+func parseTargets(s string) ([]string, error) {
+	seen := map[string]bool{}
+	var problems []string
+	for f := range strings.SplitSeq(s, ",") {
+		name := strings.ToLower(strings.TrimSpace(f))
+		switch {
+		case name == "":
+			problems = append(problems, "an empty name")
+		case !slices.Contains(allTargets, name):
+			problems = append(problems, fmt.Sprintf("unknown target %q (known: %s)", name, strings.Join(allTargets, ", ")))
+		case seen[name]:
+			problems = append(problems, fmt.Sprintf("%q named twice", name))
+		}
+		seen[name] = true
+	}
+	if !seen["direct"] {
+		problems = append(problems, "direct is required (every added figure is relative to it)")
+	}
+	var out []string
+	for _, t := range allTargets {
+		if seen[t] {
+			out = append(out, t)
+		}
+	}
+	if len(out) < 2 && seen["direct"] {
+		problems = append(problems, "name at least one proxy besides direct")
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("--targets %q: %s", s, strings.Join(problems, "; "))
+	}
+	return out, nil
+}
+
+func (o options) has(target string) bool { return slices.Contains(o.targets, target) }
 
 // stringList is a repeatable string flag.
 type stringList []string
@@ -59,6 +101,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	var o options
 	rates := fs.String("rates", "500,2000,5000", "fixed request rates (req/s) of the vegeta phase, comma-separated")
+	targets := fs.String("targets", strings.Join(allTargets, ","), "the targets to measure, comma-separated: direct (required) and any of sluice, nginx, haproxy")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "one target's turn at one rate, and one wrk run")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per target before each rate")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of the fixed-rate and wrk phases (target order rotated each round)")
@@ -82,10 +125,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: go run ./test/bench [flags]
 
-Measures the simulator (zero delay) reached directly, through Sluice and through nginx, side
-by side: vegeta at fixed rates, wrk at max throughput, concurrent streams (TTFT), CPU per
-request and peak RSS of each proxy; prints a markdown report. Installs nginx and wrk with
-apt-get when missing (as root). Takes about 6 minutes with the defaults.
+Measures the simulator (zero delay) reached directly, through Sluice, through nginx and
+through haproxy, side by side: vegeta at fixed rates, wrk at max throughput, concurrent
+streams (TTFT), CPU per request and peak RSS of each proxy; prints a markdown report.
+Installs nginx, haproxy and wrk with apt-get when missing (as root). Takes about 8 minutes
+with the defaults.
 
 Flags:
 `)
@@ -126,6 +170,11 @@ Flags:
 		}
 		o.rates = append(o.rates, r)
 	}
+	ts, err := parseTargets(*targets)
+	if err != nil {
+		return o, err
+	}
+	o.targets = ts
 	switch {
 	case o.duration < time.Second || o.duration > 5*time.Minute:
 		return o, errors.New("--duration must be between 1s and 5m")
@@ -141,6 +190,10 @@ Flags:
 		return o, errors.New("--warmup must be at most 1m and --gap at most 10s")
 	case o.wrkThreads < 1 || o.wrkConns < o.wrkThreads:
 		return o, errors.New("--wrk-threads must be >= 1 and --wrk-connections >= --wrk-threads")
+	case o.perf && !o.has("sluice"):
+		return o, errors.New("--perf profiles Sluice: --targets must name sluice")
+	case len(o.sluiceEnv) > 0 && !o.has("sluice"):
+		return o, errors.New("--sluice-env is for Sluice: --targets must name sluice")
 	}
 	return o, nil
 }
@@ -186,7 +239,13 @@ func run(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := ensureTools(ctx, logf); err != nil {
+	tools := []string{"wrk"}
+	for _, t := range []string{"nginx", "haproxy"} {
+		if o.has(t) {
+			tools = append(tools, t)
+		}
+	}
+	if err := ensureTools(ctx, logf, tools); err != nil {
 		return err
 	}
 	tmp, err := os.MkdirTemp("", "sluice-bench-")
@@ -209,17 +268,15 @@ func run(ctx context.Context, o options) (err error) {
 	var cs children
 	defer cs.stopAll(5 * time.Second)
 
-	simPort, err1 := freePort()
-	gwPort, err2 := freePort()
-	adminPort, err3 := freePort()
-	ngxPort, err4 := freePort()
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		return err
+	var addrs [5]string // simulator, sluice, sluice's admin, nginx, haproxy
+	for i := range addrs {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", port)
 	}
-	simAddr := fmt.Sprintf("127.0.0.1:%d", simPort)
-	gwAddr := fmt.Sprintf("127.0.0.1:%d", gwPort)
-	adminAddr := fmt.Sprintf("127.0.0.1:%d", adminPort)
-	ngxAddr := fmt.Sprintf("127.0.0.1:%d", ngxPort)
+	simAddr, gwAddr, adminAddr, ngxAddr, hapAddr := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4]
 
 	logf("starting the simulator (zero delay) on %s", simAddr)
 	sim, err := cs.start("sim", filepath.Join(tmp, "sim.log"), nil, bin, "mock", "--listen", simAddr)
@@ -229,37 +286,61 @@ func run(ctx context.Context, o options) (err error) {
 	if err := waitHTTP(ctx, sim, "http://"+simAddr+"/health", 20*time.Second); err != nil {
 		return err
 	}
-	logf("starting sluice on %s (admin %s)", gwAddr, adminAddr)
-	gw, err := cs.start("sluice", filepath.Join(tmp, "sluice.log"), o.sluiceEnv, bin, "serve",
-		"--upstream", "http://"+simAddr, "--listen", gwAddr, "--admin", adminAddr)
-	if err != nil {
-		return err
+	targets := []*target{{name: "direct", base: "http://" + simAddr}}
+	metered := []*proxyProc{{c: sim}}
+	add := func(name, addr string, p *proxyProc) {
+		targets = append(targets, &target{name: name, base: "http://" + addr, proxy: p})
+		metered = append(metered, p)
 	}
-	if err := waitHTTP(ctx, gw, "http://"+adminAddr+"/readyz", 20*time.Second); err != nil {
-		return err
+	if o.has("sluice") {
+		logf("starting sluice on %s (admin %s)", gwAddr, adminAddr)
+		gw, err := cs.start("sluice", filepath.Join(tmp, "sluice.log"), o.sluiceEnv, bin, "serve",
+			"--upstream", "http://"+simAddr, "--listen", gwAddr, "--admin", adminAddr)
+		if err != nil {
+			return err
+		}
+		if err := waitHTTP(ctx, gw, "http://"+adminAddr+"/readyz", 20*time.Second); err != nil {
+			return err
+		}
+		add("sluice", gwAddr, &proxyProc{c: gw})
 	}
-	nginxBin := lookTool("nginx")
-	conf, err := writeNginxConf(tmp, ngxAddr, simAddr)
-	if err != nil {
-		return err
+	if o.has("nginx") {
+		conf, err := writeNginxConf(tmp, ngxAddr, simAddr)
+		if err != nil {
+			return err
+		}
+		logf("starting nginx on %s (worker_processes %s)", ngxAddr, nginxWorkers)
+		ngx, err := cs.start("nginx", filepath.Join(tmp, "nginx.log"), nil, lookTool("nginx"),
+			"-p", tmp, "-c", conf, "-e", filepath.Join(tmp, "nginx-error.log"), "-g", "daemon off;")
+		if err != nil {
+			return err
+		}
+		if err := waitHTTP(ctx, ngx, "http://"+ngxAddr+"/health", 20*time.Second); err != nil {
+			return fmt.Errorf("%w\nnginx error log: %s", err, readTail(filepath.Join(tmp, "nginx-error.log")))
+		}
+		add("nginx", ngxAddr, &proxyProc{c: ngx, withKids: true})
 	}
-	logf("starting nginx on %s (worker_processes %s)", ngxAddr, nginxWorkers)
-	ngx, err := cs.start("nginx", filepath.Join(tmp, "nginx.log"), nil, nginxBin,
-		"-p", tmp, "-c", conf, "-e", filepath.Join(tmp, "nginx-error.log"), "-g", "daemon off;")
-	if err != nil {
-		return err
-	}
-	if err := waitHTTP(ctx, ngx, "http://"+ngxAddr+"/health", 20*time.Second); err != nil {
-		return fmt.Errorf("%w\nnginx error log: %s", err, readTail(filepath.Join(tmp, "nginx-error.log")))
+	hapThreads := haproxyThreads(runtime.NumCPU())
+	if o.has("haproxy") {
+		maxconn := haproxyMaxconn(nofileHard())
+		conf, err := writeHAProxyConf(tmp, hapAddr, simAddr, hapThreads, maxconn)
+		if err != nil {
+			return err
+		}
+		logf("starting haproxy on %s (nbthread %d, maxconn %d)", hapAddr, hapThreads, maxconn)
+		// -db: in the foreground, one process (no master-worker, no daemon); it logs to stderr.
+		hap, err := cs.start("haproxy", filepath.Join(tmp, "haproxy.log"), nil, lookTool("haproxy"), "-db", "-f", conf)
+		if err != nil {
+			return err
+		}
+		if err := waitHTTP(ctx, hap, "http://"+hapAddr+"/health", 20*time.Second); err != nil {
+			return err
+		}
+		add("haproxy", hapAddr, &proxyProc{c: hap})
 	}
 
-	theMeter = &meter{procs: []*proxyProc{{c: sim}, {c: gw}, {c: ngx, withKids: true}}}
+	theMeter = &meter{procs: metered}
 	maxIdle := max(512, o.streams+64)
-	targets := []*target{
-		{name: "direct", base: "http://" + simAddr},
-		{name: "sluice", base: "http://" + gwAddr, proxy: &proxyProc{c: gw}},
-		{name: "nginx", base: "http://" + ngxAddr, proxy: &proxyProc{c: ngx, withKids: true}},
-	}
 	for _, t := range targets {
 		t.client, t.streamClient = newClient(maxIdle), newClient(maxIdle)
 		if err := checkTarget(ctx, t); err != nil {
@@ -267,7 +348,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	res := &results{
-		opts: o, began: began, targets: targets, env: gatherEnv(ctx, nginxBin, ngx),
+		opts: o, began: began, targets: targets, env: gatherEnv(ctx, targets, hapThreads),
 		fixed: map[int]map[string]*rateResult{}, wrk: map[string][]wrkRound{},
 		streams: map[string][]streamRound{}, rss: map[string]rssInfo{},
 	}
@@ -292,7 +373,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		err := res.runRounds(ctx, "rate"+strconv.Itoa(rate), o.rounds, func(t *target, r int) (func(), float64, error) {
 			rr, lat := attack(ctx, t, rate, o.duration, body)
-			logf("%5d req/s round %d/%d %-6s: %6d requests, achieved %7.1f req/s, ok %.4f, p50 %v, p99 %v, other load %.2f CPUs",
+			logf("%5d req/s round %d/%d %-7s: %6d requests, achieved %7.1f req/s, ok %.4f, p50 %v, p99 %v, other load %.2f CPUs",
 				rate, r+1, o.rounds, t.name, rr.requests, rr.rate, ratio(rr.ok, rr.requests), rr.p50, rr.p99, rr.foreign)
 			return func() { res.fixed[rate][t.name].add(rr, lat) }, rr.foreign, nil
 		})
@@ -312,7 +393,7 @@ func run(ctx context.Context, o options) (err error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		logf("wrk round %d/%d %-6s: %8.0f req/s, p50 %v, p99 %v, non-2xx %d, other load %.2f CPUs", r+1, o.rounds, t.name, w.rps, w.p50, w.p99, w.non2xx, w.foreign)
+		logf("wrk round %d/%d %-7s: %8.0f req/s, p50 %v, p99 %v, non-2xx %d, other load %.2f CPUs", r+1, o.rounds, t.name, w.rps, w.p50, w.p99, w.non2xx, w.foreign)
 		return func() { res.wrk[t.name] = append(res.wrk[t.name], w) }, w.foreign, nil
 	})
 	if err != nil {
@@ -331,7 +412,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	err = res.runRounds(ctx, "streams", o.streamRounds, func(t *target, r int) (func(), float64, error) {
 		sr := streams(ctx, t, o.streams, o.streamTokens)
-		logf("streams round %d/%d %-6s: %d ok, %d failed, TTFT p50 %v p99 %v, wall %v, other load %.2f CPUs",
+		logf("streams round %d/%d %-7s: %d ok, %d failed, TTFT p50 %v p99 %v, wall %v, other load %.2f CPUs",
 			r+1, o.streamRounds, t.name, len(sr.ttft), sr.failed, quantile(sr.ttft, .5), quantile(sr.ttft, .99), sr.wall.Round(time.Millisecond), sr.foreign)
 		return func() { res.streams[t.name] = append(res.streams[t.name], sr) }, sr.foreign, nil
 	})
@@ -350,7 +431,8 @@ func run(ctx context.Context, o options) (err error) {
 	res.rss["sim"] = rssInfo{sum: simRSS, each: []int64{simRSS}}
 
 	if o.perf {
-		res.perf = profileSluice(ctx, tmp, targets[1], o) + pprofSluice(ctx, tmp, bin, adminAddr, targets[1], o)
+		gw := targetNamed(targets, "sluice") // --perf requires sluice in --targets
+		res.perf = profileSluice(ctx, tmp, gw, o) + pprofSluice(ctx, tmp, bin, adminAddr, gw, o)
 	}
 	for _, t := range targets {
 		t.client.CloseIdleConnections()
@@ -621,16 +703,18 @@ func pprofSluice(ctx context.Context, tmp, bin, admin string, t *target, o optio
 
 // envInfo describes the machine and the tools.
 type envInfo struct {
-	cpus         int
-	cpuModel     string
-	kernel       string
-	goVersion    string
-	nginx, wrk   string
-	nginxWorkers int
-	loadavg      string // at the start of the measurements
+	cpus                int
+	cpuModel            string
+	kernel              string
+	goVersion           string
+	nginx, haproxy, wrk string // versions; empty when not run
+	nginxWorkers        int
+	haproxyNbthread     int    // configured
+	haproxyThreads      int    // counted in /proc
+	loadavg             string // at the start of the measurements
 }
 
-func gatherEnv(ctx context.Context, nginxBin string, ngx *child) envInfo {
+func gatherEnv(ctx context.Context, targets []*target, hapThreads int) envInfo {
 	e := envInfo{cpus: runtime.NumCPU(), goVersion: runtime.Version()}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		e.kernel = strings.TrimSpace(string(b))
@@ -649,8 +733,29 @@ func gatherEnv(ctx context.Context, nginxBin string, ngx *child) envInfo {
 			e.loadavg = strings.Join(f[:3], " ")
 		}
 	}
-	e.nginx = toolVersion(ctx, nginxBin, "-v")
 	e.wrk = toolVersion(ctx, lookTool("wrk"), "-v")
-	e.nginxWorkers = len(slices.DeleteFunc(descendants(ngx.pid()), func(p int) bool { return p == ngx.pid() }))
+	for _, t := range targets {
+		switch t.name {
+		case "nginx":
+			e.nginx = toolVersion(ctx, lookTool("nginx"), "-v")
+			pid := t.proxy.c.pid()
+			e.nginxWorkers = len(slices.DeleteFunc(descendants(pid), func(p int) bool { return p == pid }))
+		case "haproxy":
+			// "HAProxy version 2.6.12-1+deb12u3 2025/10/03 - https://haproxy.org/"
+			e.haproxy, _, _ = strings.Cut(toolVersion(ctx, lookTool("haproxy"), "-v"), " - ")
+			e.haproxyNbthread = hapThreads
+			e.haproxyThreads, _ = readThreads(t.proxy.c.pid())
+		}
+	}
 	return e
+}
+
+// targetNamed returns the target called name, or nil.
+func targetNamed(ts []*target, name string) *target {
+	for _, t := range ts {
+		if t.name == name {
+			return t
+		}
+	}
+	return nil
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,6 +158,128 @@ func TestNginxConf(t *testing.T) {
 	}
 }
 
+func TestHAProxyConf(t *testing.T) {
+	dir := t.TempDir()
+	p, err := writeHAProxyConf(dir, "127.0.0.1:1234", "127.0.0.1:5678", 2, 9000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	conf := string(b)
+	for _, want := range []string{
+		"    nbthread 2\n", "    maxconn 9000\n", "    mode http\n", "    http-reuse always\n",
+		"    option http-no-delay\n", "    no option http-buffer-request\n", "    option http-keep-alive\n",
+		"    timeout client 120s\n", "    timeout http-keep-alive 120s\n", "    timeout server 300s\n",
+		"    bind 127.0.0.1:1234\n", "    server sim 127.0.0.1:5678 pool-purge-delay 120s\n",
+		"    pidfile " + filepath.Join(dir, "haproxy.pid") + "\n",
+		"    stats socket " + filepath.Join(dir, "haproxy.sock") + " mode 600 level admin\n",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("config lacks %q:\n%s", want, conf)
+		}
+	}
+	// Logging off: no log line, in global or defaults.
+	for line := range strings.SplitSeq(conf, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "log" {
+			t.Errorf("config logs: %q", line)
+		}
+	}
+	// With haproxy installed, haproxy itself checks the config.
+	if bin := lookTool("haproxy"); bin != "" {
+		if out, err := runCmd(t.Context(), 30*time.Second, nil, bin, "-c", "-f", p); err != nil {
+			t.Fatalf("haproxy -c rejects the config: %v\n%s", err, out)
+		}
+	}
+}
+
+func TestHAProxyLimits(t *testing.T) {
+	for _, tc := range []struct {
+		nofile uint64
+		want   int
+	}{
+		{math.MaxUint64, 16384}, // RLIM_INFINITY
+		{1 << 20, 16384},
+		{2*16384 + 256, 16384},
+		{20000, 9872}, // the reference container's hard limit
+		{1024, 384},
+		{300, 64},
+		{0, 64},
+	} {
+		got := haproxyMaxconn(tc.nofile)
+		if got != tc.want {
+			t.Errorf("haproxyMaxconn(%d) = %d, want %d", tc.nofile, got, tc.want)
+		}
+		if tc.nofile >= 2*64+256 && uint64(2*got+256) > tc.nofile {
+			t.Errorf("haproxyMaxconn(%d) = %d needs more descriptors than the limit", tc.nofile, got)
+		}
+	}
+	for _, tc := range []struct{ cpus, want int }{{0, 1}, {1, 1}, {2, 2}, {16, 16}, {200, 64}} {
+		if got := haproxyThreads(tc.cpus); got != tc.want {
+			t.Errorf("haproxyThreads(%d) = %d, want %d", tc.cpus, got, tc.want)
+		}
+	}
+}
+
+func TestParseThreads(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    int
+		wantErr bool
+	}{
+		{"Name:\thaproxy\nThreads:\t2\nSigQ:\t0/1\n", 2, false},
+		{"Threads: 17", 17, false},
+		{"Name:\tx\n", 0, true},
+		{"Threads:\tmany\n", 0, true},
+		{"Threads:\t0\n", 0, true},
+	} {
+		got, err := parseThreads([]byte(tc.in))
+		if (err != nil) != tc.wantErr || got != tc.want {
+			t.Errorf("parseThreads(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+	n, err := readThreads(os.Getpid())
+	if err != nil || n < 1 {
+		t.Fatalf("readThreads(self) = %d, %v", n, err)
+	}
+}
+
+func TestParseTargets(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    []string
+		wantErr string
+	}{
+		{"direct,sluice,nginx,haproxy", []string{"direct", "sluice", "nginx", "haproxy"}, ""},
+		{"direct,sluice,nginx", []string{"direct", "sluice", "nginx"}, ""},
+		{" HAProxy , direct ", []string{"direct", "haproxy"}, ""},
+		{"nginx,direct,sluice", []string{"direct", "sluice", "nginx"}, ""},
+		{"direct", nil, "at least one proxy"},
+		{"sluice,nginx", nil, "direct is required"},
+		{"direct,envoy", nil, `unknown target "envoy"`},
+		{"direct,nginx,nginx", nil, `"nginx" named twice`},
+		{"direct,,nginx", nil, "an empty name"},
+		{"", nil, "direct is required"},
+	} {
+		got, err := parseTargets(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("parseTargets(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("parseTargets(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	// Every problem at once.
+	_, err := parseTargets("sluice,envoy,sluice")
+	for _, want := range []string{"unknown target", "named twice", "direct is required"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseTargets(sluice,envoy,sluice): %v lacks %q", err, want)
+		}
+	}
+}
+
 func TestFlags(t *testing.T) {
 	var sb strings.Builder
 	o, err := parseFlags([]string{"--quick", "--rounds", "2"}, &sb)
@@ -165,7 +289,21 @@ func TestFlags(t *testing.T) {
 	if o.duration != 2*time.Second || o.rounds != 2 || len(o.rates) != 3 {
 		t.Fatalf("quick with --rounds 2: %+v", o)
 	}
-	if _, err := parseFlags([]string{"--rates", "10,x"}, &sb); err == nil {
-		t.Fatal("a bad rate must be rejected")
+	if !slices.Equal(o.targets, allTargets) {
+		t.Fatalf("default targets %v, want %v", o.targets, allTargets)
+	}
+	o, err = parseFlags([]string{"--targets", "direct,sluice,nginx"}, &sb)
+	if err != nil || o.has("haproxy") || !o.has("nginx") {
+		t.Fatalf("--targets direct,sluice,nginx: %v, %v", o.targets, err)
+	}
+	for _, args := range [][]string{
+		{"--rates", "10,x"},
+		{"--targets", "direct,squid"},
+		{"--targets", "direct,nginx", "--perf"},
+		{"--targets", "direct,haproxy", "--sluice-env", "GOGC=200"},
+	} {
+		if _, err := parseFlags(args, &sb); err == nil {
+			t.Errorf("parseFlags(%q) must be rejected", args)
+		}
 	}
 }

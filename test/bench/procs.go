@@ -224,6 +224,30 @@ func readVmHWM(pid int) (int64, error) {
 	return parseVmHWM(b)
 }
 
+// parseThreads returns the Threads count of a /proc/PID/status.
+func parseThreads(b []byte) (int, error) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Threads:")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(rest))
+		if err != nil || n < 1 {
+			return 0, fmt.Errorf("malformed Threads line %q", line)
+		}
+		return n, nil
+	}
+	return 0, errors.New("no Threads in status")
+}
+
+func readThreads(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseThreads(b)
+}
+
 // descendants returns root's pid and those of its children (one level: nginx's workers).
 func descendants(root int) []int {
 	pids := []int{root}
@@ -244,6 +268,9 @@ func descendants(root int) []int {
 }
 
 // proxyProc is a measured proxy: its main process, and whether its children count too.
+// /proc/PID/stat sums the CPU time of every thread of a process, and VmHWM is the whole
+// process's, so a multi-threaded proxy in one process (Sluice; haproxy, run with -db: its
+// nbthread threads) is measured whole by its pid alone.
 type proxyProc struct {
 	c        *child
 	withKids bool // nginx: the master and its workers
@@ -317,7 +344,7 @@ func parseMachineBusy(b []byte) (uint64, error) {
 // that is not the harness's: the harness itself (vegeta, the stream client, and wrk once
 // waited for) and the processes it started.
 type meter struct {
-	procs []*proxyProc // sim, sluice, nginx
+	procs []*proxyProc // the simulator and every proxy the harness started
 }
 
 // theMeter is set once the children run; nil-safe.

@@ -185,15 +185,85 @@ func (res *results) bench(name string) (map[string]float64, bool) {
 	return nil, false
 }
 
+// label is a target's name in prose.
+func label(name string) string {
+	if name == "sluice" {
+		return "Sluice"
+	}
+	return name
+}
+
+func (res *results) has(name string) bool { return targetNamed(res.targets, name) != nil }
+
+// pair is one ratio the report gives: a's figure divided by b's.
+type pair struct{ a, b string }
+
+func (p pair) String() string { return label(p.a) + " ÷ " + label(p.b) }
+
+// pairs are the ratios of this run: Sluice against each yardstick (nginx, haproxy), and
+// haproxy against nginx, those of the measured targets only.
+func (res *results) pairs() []pair {
+	var ps []pair
+	for _, p := range []pair{{"sluice", "nginx"}, {"sluice", "haproxy"}, {"haproxy", "nginx"}} {
+		if res.has(p.a) && res.has(p.b) {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// ratios renders "Sluice ÷ nginx 2.40x, Sluice ÷ haproxy 1.90x, ..." of f over res.pairs().
+func (res *results) ratios(f func(name string) float64) string {
+	var parts []string
+	for _, pr := range res.pairs() {
+		parts = append(parts, fmt.Sprintf("%s %s", pr, ratioTo(f(pr.a), f(pr.b), pr.b)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// ratioTo is a ÷ b, or why there is none: a ratio to an added figure at or below zero (noise
+// on a busy machine) means nothing.
+func ratioTo(a, b float64, bName string) string {
+	if math.IsNaN(a) || math.IsNaN(b) {
+		return "n/a"
+	}
+	if b <= 0 {
+		return fmt.Sprintf("n/a (%s's ≤ 0)", label(bName))
+	}
+	return fmtX(a / b)
+}
+
+// yardsticks are the measured proxies Sluice is compared with, in the report's order.
+func (res *results) yardsticks() []string {
+	var ys []string
+	for _, y := range []string{"nginx", "haproxy"} {
+		if res.has(y) {
+			ys = append(ys, y)
+		}
+	}
+	return ys
+}
+
 func (res *results) markdown() string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	o, e := res.opts, res.env
 
-	p("# Sluice overhead: direct vs Sluice vs nginx\n\n")
-	p("Run started %s, took %v. Machine: %d CPUs (%s), kernel %s; %s; %s (worker_processes %s: %d workers); %s.\n\n",
-		res.began.Format("2006-01-02 15:04 MST"), res.elapsed.Round(time.Second), e.cpus, e.cpuModel, e.kernel,
-		e.goVersion, e.nginx, nginxWorkers, e.nginxWorkers, e.wrk)
+	var labels []string
+	for _, t := range res.targets {
+		labels = append(labels, label(t.name))
+	}
+	p("# Sluice overhead: %s\n\n", strings.Join(labels, " vs "))
+	tools := []string{e.goVersion}
+	if res.has("nginx") {
+		tools = append(tools, fmt.Sprintf("%s (worker_processes %s: %d workers)", e.nginx, nginxWorkers, e.nginxWorkers))
+	}
+	if res.has("haproxy") {
+		tools = append(tools, fmt.Sprintf("%s (nbthread %d: %d threads)", e.haproxy, e.haproxyNbthread, e.haproxyThreads))
+	}
+	tools = append(tools, e.wrk)
+	p("Run started %s, took %v. Machine: %d CPUs (%s), kernel %s; %s.\n\n",
+		res.began.Format("2006-01-02 15:04 MST"), res.elapsed.Round(time.Second), e.cpus, e.cpuModel, e.kernel, strings.Join(tools, "; "))
 	if e.loadavg != "" {
 		p("Load average when the measurements began: %s. ", e.loadavg)
 	}
@@ -207,52 +277,45 @@ func (res *results) markdown() string {
 	}
 	p("\n\n")
 	p("- Upstream: `sluice mock` with zero delay (the simulator's inline fast path), its own process.\n")
-	p("- Sluice: `sluice serve --upstream http://SIM --listen ... --admin ...`, every default on (as built from this tree)")
-	if len(o.sluiceEnv) > 0 {
-		p(", environment `%s`", strings.Join(o.sluiceEnv, " "))
+	if res.has("sluice") {
+		p("- Sluice: `sluice serve --upstream http://SIM --listen ... --admin ...`, every default on (as built from this tree)")
+		if len(o.sluiceEnv) > 0 {
+			p(", environment `%s`", strings.Join(o.sluiceEnv, " "))
+		}
+		p(".\n")
 	}
-	p(".\n")
-	p("- nginx: generated config, `proxy_buffering off`, `proxy_http_version 1.1`, `proxy_set_header Connection \"\"`, upstream `keepalive 256`, access log off; `worker_processes %s` = one worker per CPU, as Go's GOMAXPROCS gives Sluice.\n", nginxWorkers)
+	if res.has("nginx") {
+		p("- nginx: generated config, `proxy_buffering off`, `proxy_http_version 1.1`, `proxy_set_header Connection \"\"`, upstream `keepalive 256`, access log off; `worker_processes %s` = one worker per CPU, as Go's GOMAXPROCS gives Sluice.\n", nginxWorkers)
+	}
+	if res.has("haproxy") {
+		p("- haproxy: generated config, `mode http`, keep-alive on both sides with `http-reuse always` (any idle upstream connection serves any request, as nginx's keepalive pool and Go's Transport do), `option http-no-delay` (without it haproxy 2.6 holds a stream's events until the stream ends), no request buffering, logging off; `nbthread %d` = one thread per CPU; one process in the foreground (`-db`).\n", e.haproxyNbthread)
+	}
+	var left []string
+	for _, t := range allTargets {
+		if !res.has(t) {
+			left = append(left, t)
+		}
+	}
+	if len(left) > 0 {
+		p("- Left out of this run (`--targets %s`): %s.\n", strings.Join(names(res.targets), ","), strings.Join(left, ", "))
+	}
 	p("- Turns of %v per target, %d round(s) with the target order rotated each round, %v unmeasured warm-up per target per rate, %v pause between turns; streams: %d × %d tokens, %d measured round(s) after one warm-up round.\n",
 		o.duration, o.rounds, o.warmup, o.gap, o.streams, o.streamTokens, o.streamRounds)
 	p("- **Caveat:** the load generators (vegeta inside the harness process, wrk, the stream client), the simulator and the proxy under test all share these %d CPUs. Absolute figures are pessimistic and the max-throughput phase is a contest for CPU; compare the ratios, measured side by side in this one run.\n\n", e.cpus)
 
 	// ---- targets ----
-	s50, s99 := res.pooled(targetRate, "sluice")
-	n50, n99 := res.pooled(targetRate, "nginx")
 	d50, d99 := res.pooled(targetRate, "direct")
-	sa50, sa99, na50, na99 := s50-d50, s99-d99, n50-d50, n99-d99
-	sCPU, nCPU := res.cpuAt(targetRate, "sluice"), res.cpuAt(targetRate, "nginx")
+	added := func(name string) (a50, a99 time.Duration) {
+		p50, p99 := res.pooled(targetRate, name)
+		return p50 - d50, p99 - d99
+	}
 	dT, _, _, _, _, _, _ := res.streamPooled("direct")
-	sT, _, _, _, _, _, _ := res.streamPooled("sluice")
-	nT, _, _, _, _, _, _ := res.streamPooled("nginx")
-	dTTFT, sTTFT, nTTFT := quantile(dT, .5), quantile(sT, .5), quantile(nT, .5)
-
-	p("## Targets\n\n")
-	p("| target | Sluice | nginx (this run) | limit | verdict |\n|---|---|---|---|---|\n")
-	if _, ok := res.fixed[targetRate]; ok {
-		p("| added p50 at %s req/s | %s | %s | ≤ %.1f × nginx = %s | %s |\n", thousands(targetRate), fmtAdded(sa50), fmtAdded(na50),
-			limitAdded, fmtAdded(time.Duration(limitAdded*float64(na50))), latencyVerdict(sa50, na50, limitAdded))
-		p("| added p99 at %s req/s | %s | %s | ≤ %.1f × nginx = %s | %s |\n", thousands(targetRate), fmtAdded(sa99), fmtAdded(na99),
-			limitAdded, fmtAdded(time.Duration(limitAdded*float64(na99))), latencyVerdict(sa99, na99, limitAdded))
-		cpuV := "**missed**"
-		if sCPU <= limitCPU*nCPU {
-			cpuV = "**met**"
-		}
-		p("| CPU per request at %s req/s | %s | %s | ≤ %.1f × nginx = %s | %s (%s nginx) |\n", thousands(targetRate), fmtUs(sCPU), fmtUs(nCPU),
-			limitCPU, fmtUs(limitCPU*nCPU), cpuV, fmtX(div(sCPU, nCPU)))
-	} else {
-		p("| added latency and CPU at %s req/s | not measured (--rates lacks %d) | | | |\n", thousands(targetRate), targetRate)
+	dTTFT, dTp99 := quantile(dT, .5), quantile(dT, .99)
+	addedTTFT := func(name string) (a50, a99 time.Duration) {
+		tt, _, _, _, _, _, _ := res.streamPooled(name)
+		return quantile(tt, .5) - dTTFT, quantile(tt, .99) - dTp99
 	}
-	ttftV := "**missed**"
-	if sTTFT-dTTFT <= nTTFT-dTTFT {
-		ttftV = "**met**"
-	}
-	p("| TTFT p50 added, %d streams × %d tokens | %s | %s | ≤ nginx | %s (%s nginx) |\n", o.streams, o.streamTokens,
-		fmtAdded(sTTFT-dTTFT), fmtAdded(nTTFT-dTTFT), ttftV, fmtX(div(float64(sTTFT-dTTFT), float64(nTTFT-dTTFT))))
-	res.benchTargets(p)
-	p("\nThe issue's reference for nginx on a 2-core machine: %+.2f ms p50 and %+.1f ms p99 at 2,000 req/s, %.0f µs CPU per request, %.2fx direct throughput, %+.1f ms TTFT p50 with 200 streams, %.0f MiB peak RSS. This run's nginx is the yardstick above (same run, same conditions).\n\n",
-		refNginxAddedP50, refNginxAddedP99, refNginxCPU, refNginxThroughput, refNginxTTFT, refNginxRSS)
+	res.targetsSection(p, added, addedTTFT)
 
 	// ---- a ----
 	p("## a. Fixed rates (vegeta): POST /v1/chat/completions, non-streaming, max_tokens 16\n\n")
@@ -267,6 +330,9 @@ func (res *results) markdown() string {
 		p("| target | requests | success | achieved req/s | p50 | p99 | added p50 | added p99 | CPU/request |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, t := range res.targets {
 			r := fr[t.name]
+			if r == nil {
+				continue
+			}
 			p50, p99 := res.pooled(rate, t.name)
 			achieved := 0.0
 			for _, rr := range r.rounds {
@@ -282,14 +348,16 @@ func (res *results) markdown() string {
 			p("| %s | %s | %.4f | %.1f | %s | %s | %s | %s | %s |\n", t.name, thousands(r.requests), ratio(r.ok, r.requests),
 				achieved, fmtMs(p50), fmtMs(p99), added50, added99, cpu)
 		}
-		sp50, sp99 := res.pooled(rate, "sluice")
-		np50, np99 := res.pooled(rate, "nginx")
-		p("\nSluice vs nginx: added p50 %s, added p99 %s, CPU/request %s.", fmtX(div(float64(sp50-dp50), float64(np50-dp50))),
-			fmtX(div(float64(sp99-dp99), float64(np99-dp99))), fmtX(div(res.cpuAt(rate, "sluice"), res.cpuAt(rate, "nginx"))))
+		if len(res.pairs()) > 0 {
+			p("\nRatios: added p50 %s; added p99 %s; CPU/request %s.",
+				res.ratios(func(n string) float64 { p50, _ := res.pooled(rate, n); return float64(p50 - dp50) }),
+				res.ratios(func(n string) float64 { _, p99 := res.pooled(rate, n); return float64(p99 - dp99) }),
+				res.ratios(func(n string) float64 { return res.cpuAt(rate, n) }))
+		}
 		for _, t := range res.targets {
-			if len(fr[t.name].errs) > 0 {
+			if r := fr[t.name]; r != nil && len(r.errs) > 0 {
 				var es []string
-				for k, v := range fr[t.name].errs {
+				for k, v := range r.errs {
 					es = append(es, fmt.Sprintf("%q ×%d rounds", k, v))
 				}
 				slices.Sort(es)
@@ -315,15 +383,15 @@ func (res *results) markdown() string {
 		}
 		p("| %s | %.0f | %s | %s | %s | %d | %s | %s |\n", t.name, rps, fmtX(div(rps, dRPS)), fmtMs(w50), fmtMs(w99), non2xx, sock, cpu)
 	}
-	sRPS, _, _, _, _, _, _ := res.wrkMean("sluice")
-	nRPS, _, _, _, _, _, _ := res.wrkMean("nginx")
-	p("\nSluice vs nginx throughput: %s.\n\n", fmtX(div(sRPS, nRPS)))
+	if len(res.pairs()) > 0 {
+		p("\nThroughput ratios: %s.", res.ratios(func(n string) float64 { rps, _, _, _, _, _, _ := res.wrkMean(n); return rps }))
+	}
+	p("\n\n")
 
 	// ---- c ----
 	p("## c. %d concurrent streams of %d tokens (max_tokens %d, ignore_eos, stream)\n\n", o.streams, o.streamTokens, o.streamTokens)
 	p("All streams of a round start at once on warm keep-alive connections. TTFT: request sent to the first event with non-empty content; E2E: to `data: [DONE]`. Pooled over %d round(s).\n\n", o.streamRounds)
 	p("| target | ok | failed | short | TTFT p50 | TTFT p99 | added p50 | added p99 | E2E p50 | E2E p99 | round wall (mean) | CPU/stream | CPU/event |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	dTp99 := quantile(dT, .99)
 	for _, t := range res.targets {
 		tt, e2e, ok, failed, short, wall, ticks := res.streamPooled(t.name)
 		t50, t99 := quantile(tt, .5), quantile(tt, .99)
@@ -337,6 +405,12 @@ func (res *results) markdown() string {
 			a50, a99, fmtMs(quantile(e2e, .5)), fmtMs(quantile(e2e, .99)), fmtMs(wall), cs, ce)
 	}
 	p("\nCPU/event divides by %d events per stream (role chunk, %d tokens, finish chunk, [DONE]).", o.streamTokens+3, o.streamTokens)
+	if len(res.pairs()) > 0 {
+		p(" Ratios: added TTFT p50 %s; added TTFT p99 %s; CPU/stream %s.",
+			res.ratios(func(n string) float64 { a50, _ := addedTTFT(n); return float64(a50) }),
+			res.ratios(func(n string) float64 { _, a99 := addedTTFT(n); return float64(a99) }),
+			res.ratios(res.cpuPerStream))
+	}
 	for _, t := range res.targets {
 		for _, sr := range res.streams[t.name] {
 			if len(sr.errs) > 0 {
@@ -349,7 +423,7 @@ func (res *results) markdown() string {
 
 	// ---- d ----
 	p("## d. CPU time per request and peak RSS of each proxy\n\n")
-	p("CPU: utime+stime from /proc/PID/stat (clock ticks of 10 ms) across each of the proxy's own turns, divided by the requests completed in them; nginx counts its master and workers. Peak RSS: VmHWM from /proc/PID/status at the end of the streaming phase (nginx: the sum over master and workers, shared pages counted in each).\n\n")
+	p("CPU: utime+stime from /proc/PID/stat (clock ticks of 10 ms; a process's figure sums all its threads) across each of the proxy's own turns, divided by the requests completed in them; nginx counts its master and workers, haproxy is one process (`-db`) with its threads. Peak RSS: VmHWM from /proc/PID/status at the end of the streaming phase (nginx: the sum over master and workers, shared pages counted in each).\n\n")
 	p("| proxy |")
 	for _, rate := range o.rates {
 		p(" CPU/req @ %s |", thousands(rate))
@@ -366,32 +440,42 @@ func (res *results) markdown() string {
 		}
 		_, _, _, _, reqs, ticks, _ := res.wrkMean(name)
 		v = append(v, cpuUs(ticks, reqs))
-		_, _, ok, failed, _, _, sticks := res.streamPooled(name)
-		v = append(v, cpuUs(sticks, ok+failed))
+		v = append(v, res.cpuPerStream(name))
 		v = append(v, mib(res.rss[name].sum))
 		return v
 	}
-	sr, nr := row("sluice"), row("nginx")
-	for _, x := range []struct {
-		name string
-		v    []float64
-	}{{"sluice", sr}, {"nginx", nr}} {
-		p("| %s |", x.name)
-		for _, v := range x.v[:len(x.v)-1] {
-			p(" %s |", fmtUs(v))
+	rows := map[string][]float64{}
+	for _, t := range res.targets {
+		if t.proxy == nil {
+			continue
 		}
-		p(" %.1f MiB |\n", x.v[len(x.v)-1])
+		rows[t.name] = row(t.name)
+		v := rows[t.name]
+		p("| %s |", t.name)
+		for _, x := range v[:len(v)-1] {
+			p(" %s |", fmtUs(x))
+		}
+		p(" %.1f MiB |\n", v[len(v)-1])
 	}
-	p("| Sluice / nginx |")
-	for i := range sr {
-		p(" %s |", fmtX(div(sr[i], nr[i])))
+	for _, pr := range res.pairs() {
+		p("| %s |", pr)
+		for i := range rows[pr.a] {
+			p(" %s |", fmtX(div(rows[pr.a][i], rows[pr.b][i])))
+		}
+		p("\n")
 	}
-	p("\n\n")
-	var each []string
-	for _, v := range res.rss["nginx"].each {
-		each = append(each, fmt.Sprintf("%.1f", mib(v)))
+	p("\n")
+	if res.has("nginx") {
+		var each []string
+		for _, v := range res.rss["nginx"].each {
+			each = append(each, fmt.Sprintf("%.1f", mib(v)))
+		}
+		p("nginx per process (MiB, master first): %s. ", strings.Join(each, ", "))
 	}
-	p("nginx per process (MiB, master first): %s. Simulator peak RSS for reference: %.1f MiB.\n\n", strings.Join(each, ", "), mib(res.rss["sim"].sum))
+	if res.has("haproxy") {
+		p("haproxy: one process of %d threads (nbthread %d). ", e.haproxyThreads, e.haproxyNbthread)
+	}
+	p("Simulator peak RSS for reference: %.1f MiB.\n\n", mib(res.rss["sim"].sum))
 
 	// ---- go bench ----
 	res.benchSection(p)
@@ -399,7 +483,15 @@ func (res *results) markdown() string {
 	// ---- per round ----
 	p("## Per-round detail\n\n")
 	p("Each round runs the targets back to back in the order shown; added figures within one round are the fairest pairing.\n\n")
-	p("| phase | round | order | direct | sluice | nginx | other load (worst turn) |\n|---|---|---|---|---|---|---|\n")
+	p("| phase | round | order |")
+	for _, t := range res.targets {
+		p(" %s |", t.name)
+	}
+	p(" other load (worst turn) |\n|---|---|---|")
+	for range res.targets {
+		p("---|")
+	}
+	p("---|\n")
 	idx := map[string]int{}
 	for _, ro := range res.orders {
 		i := idx[ro.phase]
@@ -410,8 +502,8 @@ func (res *results) markdown() string {
 			switch {
 			case strings.HasPrefix(ro.phase, "rate"):
 				rate, _ := strconv.Atoi(strings.TrimPrefix(ro.phase, "rate"))
-				rr := res.fixed[rate][name].rounds
-				if i < len(rr) {
+				if r := res.fixed[rate][name]; r != nil && i < len(r.rounds) {
+					rr := r.rounds
 					cells[name] = fmt.Sprintf("p50 %.3f / p99 %.3f ms, %.0f req/s", ms(rr[i].p50), ms(rr[i].p99), rr[i].rate)
 					worst = max(worst, rr[i].foreign)
 				}
@@ -427,8 +519,11 @@ func (res *results) markdown() string {
 				}
 			}
 		}
-		phase := phaseName(ro.phase)
-		p("| %s | %d | %s | %s | %s | %s | %.2f CPUs |\n", phase, ro.round+1, strings.Join(ro.order, " → "), cells["direct"], cells["sluice"], cells["nginx"], worst)
+		p("| %s | %d | %s |", phaseName(ro.phase), ro.round+1, strings.Join(ro.order, " → "))
+		for _, t := range res.targets {
+			p(" %s |", cells[t.name])
+		}
+		p(" %.2f CPUs |\n", worst)
 	}
 	p("\n")
 	if res.perf != "" {
@@ -436,6 +531,94 @@ func (res *results) markdown() string {
 		p("```\n%s```\n\n", res.perf)
 	}
 	return b.String()
+}
+
+// targetsSection judges the issue's targets: Sluice's figures against nginx's (the issue's
+// yardstick), with haproxy's beside them and Sluice's ratio to it.
+func (res *results) targetsSection(p func(string, ...any), added, addedTTFT func(name string) (a50, a99 time.Duration)) {
+	o := res.opts
+	p("## Targets\n\n")
+	if !res.has("sluice") {
+		p("Sluice was left out of this run (`--targets %s`): no target judged.\n\n", strings.Join(names(res.targets), ","))
+		return
+	}
+	ys := res.yardsticks()
+	p("| target | Sluice |")
+	for _, y := range ys {
+		p(" %s (this run) |", y)
+	}
+	p(" limit | verdict |\n|---|---|")
+	for range ys {
+		p("---|")
+	}
+	p("---|---|\n")
+	// row prints one judged figure: Sluice's, each yardstick's, the limit and the verdict.
+	row := func(name string, fmtV func(float64) string, v func(target string) float64, limit string, verdict func(s, n float64) string) {
+		s := v("sluice")
+		p("| %s | %s |", name, fmtV(s))
+		for _, y := range ys {
+			p(" %s |", fmtV(v(y)))
+		}
+		verd := "no yardstick: nginx not in --targets"
+		if res.has("nginx") {
+			verd = verdict(s, v("nginx"))
+		}
+		if res.has("haproxy") {
+			if h := v("haproxy"); h > 0 {
+				verd += fmt.Sprintf("; %s haproxy", fmtX(s/h))
+			} else {
+				verd += "; haproxy's ≤ 0"
+			}
+		}
+		p(" %s | %s |\n", limit, verd)
+	}
+	nginxTimes := func(limit float64, v float64, f func(float64) string) string {
+		if !res.has("nginx") {
+			return fmt.Sprintf("≤ %.1f × nginx", limit)
+		}
+		return fmt.Sprintf("≤ %.1f × nginx = %s", limit, f(limit*v))
+	}
+	addedMs := func(v float64) string { return fmtAdded(time.Duration(v)) }
+	if _, ok := res.fixed[targetRate]; ok {
+		a50 := func(n string) float64 { v, _ := added(n); return float64(v) }
+		a99 := func(n string) float64 { _, v := added(n); return float64(v) }
+		latV := func(s, n float64) string { return latencyVerdict(time.Duration(s), time.Duration(n), limitAdded) }
+		row(fmt.Sprintf("added p50 at %s req/s", thousands(targetRate)), addedMs, a50, nginxTimes(limitAdded, a50("nginx"), addedMs), latV)
+		row(fmt.Sprintf("added p99 at %s req/s", thousands(targetRate)), addedMs, a99, nginxTimes(limitAdded, a99("nginx"), addedMs), latV)
+		cpu := func(n string) float64 { return res.cpuAt(targetRate, n) }
+		row(fmt.Sprintf("CPU per request at %s req/s", thousands(targetRate)), fmtUs, cpu, nginxTimes(limitCPU, cpu("nginx"), fmtUs), func(s, n float64) string {
+			if s <= limitCPU*n {
+				return fmt.Sprintf("**met** (%s nginx)", fmtX(div(s, n)))
+			}
+			return fmt.Sprintf("**missed** (%s nginx)", fmtX(div(s, n)))
+		})
+	} else {
+		p("| added latency and CPU at %s req/s | not measured (--rates lacks %d) |", thousands(targetRate), targetRate)
+		for range ys {
+			p(" |")
+		}
+		p(" | |\n")
+	}
+	t50 := func(n string) float64 { v, _ := addedTTFT(n); return float64(v) }
+	row(fmt.Sprintf("TTFT p50 added, %d streams × %d tokens", o.streams, o.streamTokens), addedMs, t50, "≤ nginx", func(s, n float64) string {
+		if s <= n {
+			return fmt.Sprintf("**met** (%s nginx)", fmtX(div(s, n)))
+		}
+		return fmt.Sprintf("**missed** (%s nginx)", fmtX(div(s, n)))
+	})
+	res.benchTargets(p, len(ys))
+	p("\nThe issue's reference for nginx on a 2-core machine: %+.2f ms p50 and %+.1f ms p99 at 2,000 req/s, %.0f µs CPU per request, %.2fx direct throughput, %+.1f ms TTFT p50 with 200 streams, %.0f MiB peak RSS. This run's nginx is the yardstick above (same run, same conditions)",
+		refNginxAddedP50, refNginxAddedP99, refNginxCPU, refNginxThroughput, refNginxTTFT, refNginxRSS)
+	if res.has("haproxy") {
+		p("; haproxy, configured as a plain streaming proxy too, is a second one beside it")
+	}
+	p(".\n\n")
+}
+
+// cpuPerStream is a proxy's CPU per stream in µs over the measured streaming rounds.
+func (res *results) cpuPerStream(name string) float64 {
+	_, _, ok, failed, _, _, ticks := res.streamPooled(name)
+	return cpuUs(ticks, ok+failed)
 }
 
 // foreignLoad summarises the CPUs' worth of other work over every measured turn.
@@ -487,16 +670,19 @@ const (
 	eventsLarge     = 1024 + 4
 )
 
-func (res *results) benchTargets(p func(string, ...any)) {
+// benchTargets adds the rows judged by the Go benchmarks to the targets table, with an empty
+// cell for each of the yardsticks columns.
+func (res *results) benchTargets(p func(string, ...any), yardsticks int) {
+	dash := strings.Repeat(" — |", yardsticks)
 	if !res.opts.goBench {
-		p("| per-event relay cost, allocations per event | not run (--gobench=false) | — | < 5 µs, 0 | — |\n")
+		p("| per-event relay cost, allocations per event | not run (--gobench=false) |%s < 5 µs, 0 | — |\n", dash)
 		return
 	}
 	large, ok1 := res.bench(benchRelayLarge)
 	small, ok2 := res.bench(benchRelaySmall)
 	loop, ok3 := res.bench(benchLoopFull)
 	if res.goBenchErr != nil || !ok1 || !ok2 || !ok3 {
-		p("| per-event relay cost, allocations per event | go benchmarks failed (see below) | — | < 5 µs, 0 | not measured |\n")
+		p("| per-event relay cost, allocations per event | go benchmarks failed (see below) |%s < 5 µs, 0 | not measured |\n", dash)
 		return
 	}
 	ns := large["ns/event"]
@@ -504,14 +690,14 @@ func (res *results) benchTargets(p func(string, ...any)) {
 	if ns < limitEventNs {
 		v = "**met**"
 	}
-	p("| per-event relay cost (go bench, handler path, %d events) | %.0f ns/event (relay loop alone: %.0f ns) | — | < 5 µs | %s |\n", eventsLarge-4, ns, loop["ns/op"], v)
+	p("| per-event relay cost (go bench, handler path, %d events) | %.0f ns/event (relay loop alone: %.0f ns) |%s < 5 µs | %s |\n", eventsLarge-4, ns, loop["ns/op"], dash, v)
 	marginal := (large["allocs/op"] - small["allocs/op"]) / float64(eventsLarge-eventsSmall)
 	v = "**missed**"
 	if loop["allocs/op"] == 0 && marginal < 0.01 {
 		v = "**met**"
 	}
-	p("| allocations per relayed event (go bench) | %.3f marginal per event (%.0f allocs/op at %d events, %.0f at %d); relay loop alone %.0f allocs/event | — | none beyond the event | %s |\n",
-		marginal, small["allocs/op"], eventsSmall-4, large["allocs/op"], eventsLarge-4, loop["allocs/op"], v)
+	p("| allocations per relayed event (go bench) | %.3f marginal per event (%.0f allocs/op at %d events, %.0f at %d); relay loop alone %.0f allocs/event |%s none beyond the event | %s |\n",
+		marginal, small["allocs/op"], eventsSmall-4, large["allocs/op"], eventsLarge-4, loop["allocs/op"], dash, v)
 }
 
 func (res *results) benchSection(p func(string, ...any)) {
