@@ -14,6 +14,7 @@ import (
 	"github.com/sluicegw/sluice/policy/guard"
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	"github.com/sluicegw/sluice/policy/route"
+	"github.com/sluicegw/sluice/policy/runaway"
 	"github.com/sluicegw/sluice/proxy/openai"
 )
 
@@ -77,7 +78,15 @@ func (st *state) limiters() []namedLimiter {
 //	GET  /admin/breakers        every guard's breakers (state, counts) and degradation level
 //	POST /admin/breakers/reset  reset the breakers of ?tenant=T (all tenants without it), on ?route=R (all routes without it)
 //	GET  /admin/ratelimits      every rate limiter's counters and buckets
+//	GET  /admin/runaway         every runaway policy's counts by tenant and model, and its last loops
 func (s *Server) policyRoutes(mux *http.ServeMux) {
+	mux.Handle("GET /admin/runaway", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
+		out := []runaway.Snapshot{}
+		for _, r := range pluginsOf[*runaway.Policy](s.state.Load()) {
+			out = append(out, r.p.Snapshot())
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"policies": out})
+	}))
 	mux.Handle("GET /admin/breakers", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
 		out := []guard.Snapshot{}
 		for _, g := range s.state.Load().guards() {
@@ -219,8 +228,36 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
+	runaways, err := m.Int64ObservableCounter("sluice.guard.runaways",
+		metric.WithDescription("Admitted requests whose answer fell into a loop, counted against the tenant's breaker"))
+	if err != nil {
+		return nil, err
+	}
+	rwStreams, err := m.Int64ObservableCounter("sluice.runaway.streams", metric.WithDescription("Streamed answers the runaway policy watched"))
+	if err != nil {
+		return nil, err
+	}
+	rwLoops, err := m.Int64ObservableCounter("sluice.runaway.detections",
+		metric.WithDescription("Answers the runaway policy found looping, by tenant, model and action (cut or flag)"))
+	if err != nil {
+		return nil, err
+	}
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := s.state.Load()
+		for _, r := range pluginsOf[*runaway.Policy](st) {
+			rs := r.p.Stats()
+			route := attribute.String("route", r.route)
+			o.ObserveInt64(rwStreams, int64(rs.Streams), metric.WithAttributes(route))
+			// Tenants are the configured ones, models at most a few dozen (package runaway).
+			for _, c := range rs.Counts {
+				for action, n := range map[string]uint64{runaway.ActionCut: c.Cut, runaway.ActionFlag: c.Flagged} {
+					if n > 0 {
+						o.ObserveInt64(rwLoops, int64(n), metric.WithAttributes(route, attribute.String("tenant", c.Tenant),
+							attribute.String("model", c.Model), attribute.String("action", action)))
+					}
+				}
+			}
+		}
 		for i, rtr := range st.routers {
 			ra := attribute.String("route", st.snap.Routes[i].Name)
 			for _, kind := range []string{route.KindRetry, route.KindFallback} {
@@ -260,6 +297,7 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			o.ObserveInt64(level, int64(gs.Level), metric.WithAttributes(route))
 			o.ObserveInt64(trips, int64(gs.Trips), metric.WithAttributes(route))
 			o.ObserveInt64(exact, int64(gs.ExactCounts), metric.WithAttributes(route))
+			o.ObserveInt64(runaways, int64(gs.Runaways), metric.WithAttributes(route))
 			for _, code := range sortedKeys(gs.Rejected) {
 				o.ObserveInt64(rejected, int64(gs.Rejected[code]), metric.WithAttributes(route, attribute.String("code", string(code))))
 			}
@@ -273,7 +311,7 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			}
 		}
 		return nil
-	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej, exhausted, breaker, tenantsOpen)
+	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej, exhausted, breaker, tenantsOpen, runaways, rwStreams, rwLoops)
 }
 
 // breakerStates are the values of sluice_route_breaker_state by gobreaker state name.
