@@ -45,11 +45,16 @@ func contractsOf(p policy.Plugin) []string {
 	return out
 }
 
-// pluginsView lists the serving generation's policies, route by route.
-func (s *Server) pluginsView(w http.ResponseWriter, _ *http.Request) {
+// pluginsView lists the serving generation's policies, route by route (?type=T: those of
+// type T).
+func (s *Server) pluginsView(w http.ResponseWriter, r *http.Request) {
 	st := s.state.Load()
+	typ := r.URL.Query().Get("type")
 	out := make([]pluginEntry, 0, len(st.policies))
 	for _, bp := range st.policies {
+		if typ != "" && bp.typ != typ {
+			continue
+		}
 		e := pluginEntry{Route: bp.route, Type: bp.typ, Name: bp.name, Contracts: contractsOf(bp.impl)}
 		if v, ok := bp.impl.(policy.Viewer); ok {
 			e.View = v.AdminView()

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/batch"
 	"github.com/sluicegw/sluice/policy/ratelimit"
+	_ "github.com/sluicegw/sluice/policy/runaway" // registers type runaway
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/openai"
 )

@@ -77,6 +77,7 @@ func (st *state) limiters() []namedLimiter {
 //	GET  /admin/breakers        every guard's breakers (state, counts) and degradation level
 //	POST /admin/breakers/reset  reset the breakers of ?tenant=T (all tenants without it), on ?route=R (all routes without it)
 //	GET  /admin/ratelimits      every rate limiter's counters and buckets
+//	GET  /admin/policies        every policy with its contracts and own view (?type=T: of one type)
 func (s *Server) policyRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /admin/policies", s.authorized(s.pluginsView))
 	mux.Handle("GET /admin/breakers", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
@@ -220,6 +221,11 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
+	runaways, err := m.Int64ObservableCounter("sluice.guard.runaways",
+		metric.WithDescription("Admitted requests whose answer fell into a loop, counted against the tenant's breaker"))
+	if err != nil {
+		return nil, err
+	}
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := s.state.Load()
 		for i, rtr := range st.routers {
@@ -261,6 +267,7 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			o.ObserveInt64(level, int64(gs.Level), metric.WithAttributes(route))
 			o.ObserveInt64(trips, int64(gs.Trips), metric.WithAttributes(route))
 			o.ObserveInt64(exact, int64(gs.ExactCounts), metric.WithAttributes(route))
+			o.ObserveInt64(runaways, int64(gs.Runaways), metric.WithAttributes(route))
 			for _, code := range sortedKeys(gs.Rejected) {
 				o.ObserveInt64(rejected, int64(gs.Rejected[code]), metric.WithAttributes(route, attribute.String("code", string(code))))
 			}
@@ -274,7 +281,7 @@ func (s *Server) policyMetrics(m metric.Meter) (metric.Registration, error) {
 			}
 		}
 		return nil
-	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej, exhausted, breaker, tenantsOpen)
+	}, rejected, level, trips, exact, rl, glob, climit, cinflight, cqueue, crej, exhausted, breaker, tenantsOpen, runaways)
 }
 
 // breakerStates are the values of sluice_route_breaker_state by gobreaker state name.

@@ -234,3 +234,45 @@ func TestBreakerAnonymous(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerCountsRunaways: an answer that fell into a loop, cut (ErrorClass) or only
+// flagged (Flags), counts against the tenant's breaker as an explosion does, and feeds no
+// baseline; other flags do not.
+func TestBreakerCountsRunaways(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    policy.Outcome
+		trip bool
+	}{
+		{"cut", policy.Outcome{Status: 200, ErrorClass: policy.ClassRunaway}, true},
+		{"flagged", policy.Outcome{Status: 200, Flags: []policy.Class{policy.ClassRunaway}}, true},
+		{"flagged among others", policy.Outcome{Status: 200, Flags: []policy.Class{"low_confidence", policy.ClassRunaway}}, true},
+		{"another flag", policy.Outcome{Status: 200, Flags: []policy.Class{"low_confidence"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGuard(t, breakerParams(), newClock())
+			admitOK(t, g, chat(t, "a", 0, "hello"), tc.o)
+			if b := breakerOf(g, "a"); tc.trip && (b.State != "closed" || b.Failures != 1 || b.Successes != 0) {
+				t.Fatalf("breaker %+v after one runaway answer, want closed with 1 failure", b)
+			}
+			admitOK(t, g, chat(t, "a", 0, "hello"), tc.o)
+			b := breakerOf(g, "a")
+			if tc.trip {
+				if b.State != "open" || b.Trips != 1 {
+					t.Fatalf("breaker %+v after two runaway answers, want open", b)
+				}
+				wantReject(t, admit(t, g, chat(t, "a", 0, "hello")), 503, CodeBreakerOpen, "open")
+				if s := g.Stats(); s.Runaways != 2 || s.Trips != 1 {
+					t.Fatalf("stats %+v", s)
+				}
+				if _, n := baselineOf(g, "a", g.clock.Now()); n != 0 {
+					t.Fatalf("a runaway answer fed the baseline: %d prompts", n)
+				}
+			} else if b.State != "closed" || b.Failures != 0 || b.Successes != 2 {
+				t.Fatalf("breaker %+v, want closed with 2 successes", b)
+			}
+			// Another tenant is untouched.
+			admitOK(t, g, chat(t, "b", 0, "hello"), ok200)
+		})
+	}
+}

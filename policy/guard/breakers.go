@@ -13,8 +13,9 @@ import (
 // Breakers: one gobreaker TwoStepCircuitBreaker per (route, tenant), created on first use.
 //
 // What they count: every request the guard checks (its Allow) ends in exactly one done call:
-// an explosion (a signal rejected or rerouted the request) is a failure; an admitted request
-// that ends with a 2xx and no error class is a success; everything else is excluded
+// an explosion (a signal rejected or rerouted the request) is a failure, and so is an
+// admitted request whose answer fell into a loop (runaway_generation, cut or flagged); an
+// admitted request that ends with a 2xx and no error class is a success; everything else is excluded
 // (IsExcluded): client errors, cancellations, upstream failures (those are the cluster
 // breakers' business, not the tenant's), and requests shed by degradation. A breaker trips when
 // at least min_requests counted requests are in its rolling window and the share of
@@ -28,6 +29,9 @@ import (
 var (
 	// errExplosion is what an explosion reports to its breaker: a failure.
 	errExplosion = errors.New("guard: prompt explosion")
+	// errRunaway is what an admitted request whose answer fell into a loop reports: a
+	// failure, as an explosion.
+	errRunaway = errors.New("guard: runaway generation")
 	// errExcluded is what a request that says nothing about explosions reports.
 	errExcluded = errors.New("guard: excluded outcome")
 )

@@ -55,6 +55,11 @@
 // always), else none: its bad requests are refused one by one, and nobody is cut off for
 // what another client behind the same address sent.
 //
+// Runaway answers: an admitted request whose answer fell into a loop (the runaway policy cut
+// it, Outcome.ErrorClass runaway_generation, or only flagged it, Outcome.Flags) counts against
+// its tenant's breaker as an explosion does: the tenant whose prompts send the model into
+// loops is isolated like one that sends oversized prompts. It feeds no baseline.
+//
 // Settling: every admitted request must be settled once, through Decision.Done or Observe,
 // whichever comes first (the other is then a no-op). Settling releases the in-flight count,
 // reports to the tenant's breaker and feeds the baseline. A request never settled leaves its
@@ -72,6 +77,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,8 +136,8 @@ type Guard struct {
 
 	tickets sync.Map // *policy.Request -> *ticket
 
-	admitted, rerouted, capped, exact, exactSkipped atomic.Uint64
-	rejected                                        [len(codesArr)]atomic.Uint64
+	admitted, rerouted, capped, exact, exactSkipped, runaways atomic.Uint64
+	rejected                                                  [len(codesArr)]atomic.Uint64
 }
 
 var codesArr = [8]policy.Class{CodePromptTooLarge, CodeContextLength, CodePromptTooDeep, CodeTooManyMessages,
@@ -629,18 +635,31 @@ func (t *ticket) settle(o policy.Outcome) {
 	g.tickets.CompareAndDelete(t.req, t)
 	g.inflight.Add(-1)
 	ok := o.Status >= 200 && o.Status < 300 && o.ErrorClass == ""
+	runaway := isRunaway(o)
+	if runaway {
+		g.runaways.Add(1)
+	}
 	if t.done != nil {
-		if ok {
+		switch {
+		case runaway:
+			t.done(errRunaway)
+		case ok:
 			t.done(nil)
-		} else {
+		default:
 			t.done(errExcluded)
 		}
 	}
 	now := g.clock.Now()
-	if ok && t.feed && g.on.surge {
+	if ok && !runaway && t.feed && g.on.surge {
 		g.baseline(t.base, now, true).add(t.tokens, now)
 	}
 	g.level(now)
+}
+
+// isRunaway reports whether an answer fell into a loop: the runaway policy cut it
+// (ErrorClass) or flagged it (Flags).
+func isRunaway(o policy.Outcome) bool {
+	return o.ErrorClass == policy.ClassRunaway || slices.Contains(o.Flags, policy.ClassRunaway)
 }
 
 // Observe settles a request this guard admitted (a no-op for any other request, and for one
@@ -662,6 +681,7 @@ type Stats struct {
 	InFlight     int64                   // admitted requests not yet settled
 	Level        int                     // degradation level now
 	Trips        uint64                  // times a breaker of the guard opened
+	Runaways     uint64                  // admitted requests whose answer fell into a loop (cut or flagged by the runaway policy)
 }
 
 // Stats returns the counters (the gateway exports them as metrics).
@@ -669,7 +689,7 @@ func (g *Guard) Stats() Stats {
 	s := Stats{
 		Admitted: g.admitted.Load(), Rerouted: g.rerouted.Load(), Capped: g.capped.Load(),
 		ExactCounts: g.exact.Load(), ExactSkipped: g.exactSkipped.Load(), InFlight: g.inflight.Load(),
-		Level: g.Level(), Trips: g.trips.Load(), Rejected: make(map[policy.Class]uint64, len(codesArr)),
+		Level: g.Level(), Trips: g.trips.Load(), Runaways: g.runaways.Load(), Rejected: make(map[policy.Class]uint64, len(codesArr)),
 	}
 	for i, c := range codesArr {
 		s.Rejected[c] = g.rejected[i].Load()

@@ -312,3 +312,28 @@ func BenchmarkParseRequestPathological(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScanDeltas is the text-delta extractor's cost on one token event: a vLLM chat
+// chunk, a tool call's arguments chunk, and a Responses text delta (members in alphabetical
+// order, "type" last).
+func BenchmarkScanDeltas(b *testing.B) {
+	for _, bc := range []struct{ name, data string }{
+		{"chat", `{"id":"chatcmpl-3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c","object":"chat.completion.chunk","created":1718041200,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" blue"},"logprobs":null,"finish_reason":null}]}`},
+		{"tool_call", `{"id":"chatcmpl-3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c","object":"chat.completion.chunk","created":1718041200,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\", \"unit\": \""}}]},"logprobs":null,"finish_reason":null}]}`},
+		{"responses", `{"content_index":0,"delta":" blue","item_id":"msg_0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c","logprobs":[],"output_index":0,"sequence_number":7,"type":"response.output_text.delta"}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			data := []byte(bc.data)
+			n := 0
+			yield := func(d TextDelta) bool { n += len(d.Raw); return true }
+			b.SetBytes(int64(len(data)))
+			b.ReportAllocs()
+			for b.Loop() {
+				ScanDeltas(data, yield)
+			}
+			if n == 0 {
+				b.Fatal("no text")
+			}
+		})
+	}
+}

@@ -218,6 +218,15 @@
 //	x-sim-error-event: 1        with x-sim-error-after: put an "event: error" line before the
 //	                            chat/completions error's data line, as some servers do
 //	                            (1/true or 0/false; Responses errors are always named).
+//	x-sim-loop-after: N         the text answer falls into a loop after N tokens (N >= 1): from
+//	                            token N on it repeats its own tokens N-P .. N-1 again and
+//	                            again, never reaching EOS, up to max tokens (finish_reason
+//	                            "length"; Responses: "incomplete"), as a degenerate model
+//	                            does. Every choice and endpoint, streamed or not, the same
+//	                            way; a continuation continues the loop. An answer that ends
+//	                            before token N, and a tool call, are left as they are.
+//	x-sim-loop-period: P        with x-sim-loop-after: the block repeated, P tokens (1 to N,
+//	                            default min(16, N)): 1 repeats a word, 64 a paragraph.
 //
 // At the same event count a stall comes first, then die-after, then error-after.
 //

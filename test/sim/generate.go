@@ -94,9 +94,17 @@ func estimateTokens(s string) int {
 type textGen struct {
 	markers []string // context markers emitted first, in order of first appearance
 	n       int      // tokens to produce in total
+	max     int      // max tokens (n before EOS)
 	finish  string   // "stop" or "length"
 	rng     splitmix
 	i       int // index of the next token
+
+	// A loop (x-sim-loop-after): from token loopAt on, the answer repeats its tokens
+	// [loopAt-period, loopAt) again and again; snap is the generator's state at token
+	// loopAt-period, replayed at the start of each copy.
+	loopAt, period int
+	snap           splitmix
+	seed           splitmix // the generator's first state (to start again with a loop)
 }
 
 // newTextGen plans an answer of at most maxTokens tokens for a request hashed to h.
@@ -104,7 +112,7 @@ type textGen struct {
 // EOS point equal to max means no EOS was reached (finish "length"). Markers are never cut
 // by EOS, only by maxTokens.
 func newTextGen(h uint64, markers []string, maxTokens int, ignoreEOS bool) textGen {
-	g := textGen{markers: markers, n: maxTokens, finish: "length", rng: splitmix(h)}
+	g := textGen{markers: markers, n: maxTokens, max: maxTokens, finish: "length", rng: splitmix(h), seed: splitmix(h)}
 	if !ignoreEOS && maxTokens > 0 {
 		half := (maxTokens + 1) / 2
 		eos := half + int(mix64(h^0x5eed)%uint64(maxTokens-half+1))
@@ -121,13 +129,44 @@ func (g *textGen) next(dst []byte) []byte {
 	if g.i > 0 {
 		dst = append(dst, ' ')
 	}
-	if g.i < len(g.markers) {
-		dst = append(dst, g.markers[g.i]...)
+	j := g.i // the token whose text this one is
+	if g.period > 0 {
+		from := g.loopAt - g.period
+		switch {
+		case g.i == from:
+			g.snap = g.rng
+		case g.i >= g.loopAt:
+			k := (g.i - g.loopAt) % g.period
+			if k == 0 {
+				g.rng = g.snap
+			}
+			j = from + k
+		}
+	}
+	if j < len(g.markers) {
+		dst = append(dst, g.markers[j]...)
 	} else {
 		dst = append(dst, vocab[g.rng.intn(len(vocab))]...)
 	}
 	g.i++
 	return dst
+}
+
+// loop makes the answer a runaway one: from token after on, it repeats its last period
+// tokens again and again (period ≤ after), never reaching EOS, to max tokens (finish
+// "length"). An answer that ends before token after is left as it is. The tokens already
+// produced (a continuation's prefix) are produced again from the start.
+func (g *textGen) loop(after, period int) {
+	if after >= g.n || period < 1 || period > after {
+		return
+	}
+	done := g.i
+	g.rng, g.i = g.seed, 0
+	g.loopAt, g.period = after, period
+	g.n, g.finish = g.max, "length"
+	for range done {
+		_ = g.next(nil)
+	}
 }
 
 // markerSet collects context-fidelity markers ([[mem:XXXX]]) in order of first appearance.

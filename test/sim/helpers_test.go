@@ -305,11 +305,17 @@ func chat(t testing.TB, ts *httptest.Server, body map[string]any, stream bool) a
 
 func run(t testing.TB, ts *httptest.Server, path string, b map[string]any, stream, isChat bool) answer {
 	t.Helper()
+	return runHeaders(t, ts, path, b, stream, isChat, nil)
+}
+
+// runHeaders is run with request headers (the knobs).
+func runHeaders(t testing.TB, ts *httptest.Server, path string, b map[string]any, stream, isChat bool, hdr map[string]string) answer {
+	t.Helper()
 	b["stream"] = stream
 	if stream {
 		b["stream_options"] = map[string]any{"include_usage": true}
 	}
-	resp, err := send(context.Background(), ts, path, b, nil)
+	resp, err := send(context.Background(), ts, path, b, hdr)
 	if err != nil {
 		t.Fatal(err)
 	}

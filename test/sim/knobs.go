@@ -36,7 +36,19 @@ const (
 	// event (an `event: error` line before its data line), as some servers do. Needs
 	// HeaderErrorAfter. Responses API errors are always named events.
 	HeaderErrorEvent = "X-Sim-Error-Event"
+	// HeaderLoopAfter: the text answer falls into a loop after N tokens (N ≥ 1): from token
+	// N on, it repeats its own last P tokens (HeaderLoopPeriod, default min(16, N)) again
+	// and again, never reaching EOS, up to max tokens (finish_reason "length", a Responses
+	// answer "incomplete"). Deterministic: the same request loops the same way, streamed or
+	// not. An answer that would end before token N, and a tool call, are left as they are.
+	HeaderLoopAfter = "X-Sim-Loop-After"
+	// HeaderLoopPeriod: the tokens of the block the loop repeats, 1 to N (a 1-token loop
+	// repeats one word; 64 a paragraph). Needs HeaderLoopAfter.
+	HeaderLoopPeriod = "X-Sim-Loop-Period"
 )
+
+// defaultLoopPeriod is the block a loop repeats when HeaderLoopPeriod is absent.
+const defaultLoopPeriod = 16
 
 const maxKnobDuration = time.Hour
 
@@ -48,6 +60,8 @@ type knobs struct {
 	status     int
 	errorAfter int // -1: off
 	errorEvent bool
+	loopAfter  int // -1: off
+	loopPeriod int
 }
 
 func knobErr(header, msg string) *apiError {
@@ -55,7 +69,7 @@ func knobErr(header, msg string) *apiError {
 }
 
 func parseKnobs(h http.Header) (knobs, *apiError) {
-	k := knobs{dieAfter: -1, stallAfter: -1, errorAfter: -1}
+	k := knobs{dieAfter: -1, stallAfter: -1, errorAfter: -1, loopAfter: -1}
 	get := func(name string) (string, bool) {
 		v := h[name] // names are canonical: no allocation
 		if len(v) == 0 {
@@ -101,6 +115,25 @@ func parseKnobs(h http.Header) (knobs, *apiError) {
 			return k, knobErr(HeaderErrorEvent, "needs "+HeaderErrorAfter)
 		}
 		k.errorEvent = on
+	}
+	if e := count(HeaderLoopAfter, &k.loopAfter); e != nil {
+		return k, e
+	}
+	if k.loopAfter == 0 {
+		return k, knobErr(HeaderLoopAfter, "want a count >= 1 (a loop repeats tokens already written), got 0")
+	}
+	if k.loopAfter > 0 {
+		k.loopPeriod = min(defaultLoopPeriod, k.loopAfter)
+	}
+	if v, ok := get(HeaderLoopPeriod); ok {
+		n, err := strconv.Atoi(v)
+		switch {
+		case k.loopAfter < 0:
+			return k, knobErr(HeaderLoopPeriod, "needs "+HeaderLoopAfter)
+		case err != nil || n < 1 || n > k.loopAfter:
+			return k, knobErr(HeaderLoopPeriod, fmt.Sprintf("want a count within [1, %d] (%s), got %q", k.loopAfter, HeaderLoopAfter, v))
+		}
+		k.loopPeriod = n
 	}
 	if e := dur(HeaderStallFirst, &k.stallFirst); e != nil {
 		return k, e

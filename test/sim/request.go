@@ -140,6 +140,22 @@ type plan struct {
 	one    [1]choice // backing store for the common single-choice case
 }
 
+// loop makes the plan's text answers loop (x-sim-loop-after): see textGen.loop.
+func (p *plan) loop(after, period int) {
+	for i := range p.choices {
+		c := &p.choices[i]
+		if c.tool != nil || p.ep == epEmbeddings {
+			continue
+		}
+		prefix := c.text.i // tokens a continuation skipped
+		c.text.loop(after, period)
+		c.n, c.finish = max(0, c.text.n-prefix), c.text.finish
+	}
+	if p.resp != nil && len(p.choices) == 1 {
+		p.resp.text0 = p.choices[0].text
+	}
+}
+
 // choice is one answer (one sequence for the scheduler).
 type choice struct {
 	prompt  int    // prompt tokens

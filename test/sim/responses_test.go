@@ -292,11 +292,17 @@ func parseRespStream(t testing.TB, evs []namedEvent, tpe int) respAnswer {
 // respond runs a Responses request, streamed or not, and returns the checked answer.
 func respond(t testing.TB, ts *httptest.Server, body map[string]any, stream bool, tpe int) respAnswer {
 	t.Helper()
+	return respondHeaders(t, ts, body, stream, tpe, nil)
+}
+
+// respondHeaders is respond with request headers (the knobs).
+func respondHeaders(t testing.TB, ts *httptest.Server, body map[string]any, stream bool, tpe int, hdr map[string]string) respAnswer {
+	t.Helper()
 	b := map[string]any{"stream": stream}
 	for k, v := range body {
 		b[k] = v
 	}
-	resp, err := send(context.Background(), ts, "/v1/responses", b, nil)
+	resp, err := send(context.Background(), ts, "/v1/responses", b, hdr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -402,6 +402,9 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		s.fail(w, e)
 		return
 	}
+	if kn.loopAfter > 0 {
+		p.loop(kn.loopAfter, kn.loopPeriod)
+	}
 	ctx := r.Context()
 	if kn.dieAfter >= 0 && !p.stream {
 		s.count(outKilled)

@@ -1,0 +1,81 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/sluicegw/sluice/proxy"
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/test/sim"
+)
+
+// TestRunawayPolicyConfig: a route's `{type: runaway}` policy is built from the config, shown
+// by /admin/policies?type=runaway with its params, exported in /metrics, and its bad params are refused
+// all at once.
+func TestRunawayPolicyConfig(t *testing.T) {
+	s := startSim(t, sim.Config{})
+	g := startGateway(t, oneRoute("", `    policies:
+      - type: runaway
+        params: {action: flag, max_period: 128, min_words: 64}
+`, s.URL))
+	hc := newHTTPClient(t)
+	resp, body := do(t, hc, http.MethodGet, "http://"+g.admin+"/admin/policies?type=runaway", "")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/admin/runaway: %d %s", resp.StatusCode, body)
+	}
+	var view struct {
+		Policies []struct {
+			View struct {
+				Route  string `json:"route"`
+				Name   string `json:"name"`
+				Params struct {
+					Action    string `json:"action"`
+					MaxPeriod int    `json:"max_period"`
+					MinWords  int    `json:"min_words"`
+					Repeats   int    `json:"repeats"`
+				} `json:"params"`
+				Stats struct {
+					Streams uint64            `json:"streams"`
+					Counts  []json.RawMessage `json:"counts"`
+				} `json:"stats"`
+				Recent []json.RawMessage `json:"recent"`
+			} `json:"view"`
+		} `json:"policies"`
+	}
+	if err := json.Unmarshal(body, &view); err != nil {
+		t.Fatalf("/admin/runaway: %v: %s", err, body)
+	}
+	if len(view.Policies) != 1 {
+		t.Fatalf("/admin/runaway: %s", body)
+	}
+	p := view.Policies[0].View
+	if p.Route != "all" || p.Name != "runaway" || p.Params.Action != "flag" || p.Params.MaxPeriod != 128 || p.Params.MinWords != 64 ||
+		p.Params.Repeats != 3 || p.Stats.Counts == nil || p.Recent == nil {
+		t.Fatalf("/admin/runaway: %s", body)
+	}
+	if _, m := do(t, hc, http.MethodGet, "http://"+g.admin+"/metrics", ""); !strings.Contains(string(m), "sluice_runaway_streams_total{") {
+		t.Error("/metrics has no sluice_runaway_streams_total")
+	}
+	if v := metricValue(t, hc, g.admin, "sluice_runaway_streams_total", `route="all"`); v != float64(p.Stats.Streams) {
+		t.Errorf("sluice_runaway_streams_total = %v, the admin view says %d", v, p.Stats.Streams)
+	}
+
+	cfg, err := config.Parse([]byte(oneRoute("", "    policies:\n      - {type: runaway, params: {action: block, repeats: 1, fields: [content]}}\n", s.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := proxy.New(proxy.Options{Config: cfg, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil {
+		_ = srv.Shutdown(context.Background())
+		t.Fatal("proxy.New accepted bad runaway params")
+	}
+	for _, want := range []string{"routes[0].policies[0] (runaway)", `action must be "cut" or "flag"`, "repeats must be in [2, 1000]", `fields[0] must be "text" or "arguments"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
