@@ -33,12 +33,18 @@ type Source interface {
 	Devices(ctx context.Context) ([]Device, error)
 }
 
-// Load is what a model server last reported about itself.
+// Load is what a model server last reported about itself, and what the Scraper's checks
+// made of it.
 type Load struct {
-	Waiting      float64   `json:"waiting"`        // requests queued, not yet running
-	Running      float64   `json:"running"`        // requests in the running batch
-	KVCacheUsage float64   `json:"kv_cache_usage"` // 0–1
-	At           time.Time `json:"at"`             // when the scrape that produced it completed
+	Waiting      float64 `json:"waiting"`        // requests queued, not yet running
+	Running      float64 `json:"running"`        // requests in the running batch
+	KVCacheUsage float64 `json:"kv_cache_usage"` // 0–1
+	// Throughput is the server's work counter as read (Names.Throughput: generated tokens
+	// with the presets); its rate is the server's throughput.
+	Throughput float64 `json:"throughput_total,omitempty"`
+	// Flags are the states the checks found as of this scrape (Scraper.Checks).
+	Flags Flags     `json:"flags,omitempty"`
+	At    time.Time `json:"at"` // when the scrape that produced it completed
 }
 
 // Loads is the hot-path read of endpoint loads. Get returns false when there is no fresh load

@@ -12,31 +12,41 @@ import (
 //
 //	nv_trt_llm_request_metrics{request_type="waiting"}
 //
-// (label values must not contain commas). Waiting and Running add up the matching series (for
-// example one per model or per engine); KVCache takes the largest, since it is a fraction.
-// Gauges, counters and untyped metrics are read; histograms and summaries are not. A list may
-// be empty when a server has no such metric: that field of Load is then 0.
+// (label values must not contain commas). Waiting, Running and Throughput add up the matching
+// series (for example one per model or per engine); KVCache takes the largest, since it is a
+// fraction. Gauges, counters and untyped metrics are read; histograms and summaries are not
+// (a histogram's _sum or _count series is read as a metric of that name). A list may be
+// empty when a server has no such metric: that field of Load is then 0, and the checks that
+// need it do not run (see Checks).
+//
+// Throughput is a counter that grows with the work the server does, generated tokens with the
+// presets; only its rate is used (by the stall check), so its unit does not matter.
 type Names struct {
-	Waiting []string `json:"waiting,omitempty"`
-	Running []string `json:"running,omitempty"`
-	KVCache []string `json:"kv_cache,omitempty"`
+	Waiting    []string `json:"waiting,omitempty"`
+	Running    []string `json:"running,omitempty"`
+	KVCache    []string `json:"kv_cache,omitempty"`
+	Throughput []string `json:"throughput,omitempty"`
 }
 
 // Presets for common model servers.
 var (
 	// VLLM: vLLM v1 names, with the KV-cache name of older servers after the current one.
 	VLLM = Names{
-		Waiting: []string{"vllm:num_requests_waiting"},
-		Running: []string{"vllm:num_requests_running"},
-		KVCache: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		Waiting:    []string{"vllm:num_requests_waiting"},
+		Running:    []string{"vllm:num_requests_running"},
+		KVCache:    []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		Throughput: []string{"vllm:generation_tokens_total"},
 	}
-	// TGI: Hugging Face text-generation-inference. TGI reports no KV-cache usage.
+	// TGI: Hugging Face text-generation-inference. TGI reports no KV-cache usage; its
+	// generated tokens are a histogram per request, whose _sum grows as requests finish.
 	TGI = Names{
-		Waiting: []string{"tgi_queue_size"},
-		Running: []string{"tgi_batch_current_size"},
+		Waiting:    []string{"tgi_queue_size"},
+		Running:    []string{"tgi_batch_current_size"},
+		Throughput: []string{"tgi_request_generated_tokens_sum"},
 	}
 	// Triton: Triton Inference Server with the TensorRT-LLM backend (the names the Kubernetes
-	// inference extension uses), falling back to Triton's generic pending-request count.
+	// inference extension uses), falling back to Triton's generic pending-request count. No
+	// throughput counter: the stall check does not run.
 	Triton = Names{
 		Waiting: []string{`nv_trt_llm_request_metrics{request_type="waiting"}`, "nv_inference_pending_request_count"},
 		Running: []string{`nv_trt_llm_request_metrics{request_type="scheduled"}`},
@@ -44,9 +54,10 @@ var (
 	}
 	// SGLang: token_usage is the share of KV-cache tokens in use.
 	SGLang = Names{
-		Waiting: []string{"sglang:num_queue_reqs"},
-		Running: []string{"sglang:num_running_reqs"},
-		KVCache: []string{"sglang:token_usage"},
+		Waiting:    []string{"sglang:num_queue_reqs"},
+		Running:    []string{"sglang:num_running_reqs"},
+		KVCache:    []string{"sglang:token_usage"},
+		Throughput: []string{"sglang:generation_tokens_total"},
 	}
 )
 
@@ -82,8 +93,8 @@ type labelPair struct{ name, value string }
 
 // compiledNames is Names parsed once, with the set of family names worth parsing.
 type compiledNames struct {
-	waiting, running, kv []selector
-	families             map[string]struct{}
+	waiting, running, kv, throughput []selector
+	families                         map[string]struct{}
 }
 
 func (n Names) compile() (*compiledNames, error) {
@@ -93,7 +104,8 @@ func (n Names) compile() (*compiledNames, error) {
 		field string
 		in    []string
 		out   *[]selector
-	}{{"Waiting", n.Waiting, &c.waiting}, {"Running", n.Running, &c.running}, {"KVCache", n.KVCache, &c.kv}} {
+	}{{"Waiting", n.Waiting, &c.waiting}, {"Running", n.Running, &c.running}, {"KVCache", n.KVCache, &c.kv},
+		{"Throughput", n.Throughput, &c.throughput}} {
 		for _, s := range l.in {
 			sel, err := parseSelector(s)
 			if err != nil {

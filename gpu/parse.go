@@ -23,12 +23,14 @@ func ParseLoad(page []byte, names Names) (Load, error) {
 	if err != nil {
 		return Load{}, err
 	}
-	return parseLoad(page, c, nil)
+	l, _, err := parseLoad(page, c, nil)
+	return l, err
 }
 
 // parseLoad is ParseLoad with compiled names and a scratch buffer for the filtered page
-// (reused between scrapes of one endpoint; may be nil).
-func parseLoad(page []byte, c *compiledNames, scratch *[]byte) (Load, error) {
+// (reused between scrapes of one endpoint; may be nil). It also says which of the metrics
+// the page had (has* bits).
+func parseLoad(page []byte, c *compiledNames, scratch *[]byte) (Load, uint8, error) {
 	var buf []byte
 	if scratch != nil {
 		buf = (*scratch)[:0]
@@ -38,29 +40,33 @@ func parseLoad(page []byte, c *compiledNames, scratch *[]byte) (Load, error) {
 		*scratch = buf
 	}
 	if len(buf) == 0 {
-		return Load{}, errNoLoadMetrics
+		return Load{}, 0, errNoLoadMetrics
 	}
 	p := expfmt.NewTextParser(model.LegacyValidation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(buf))
 	if err != nil {
-		return Load{}, fmt.Errorf("parse metrics: %w", err)
+		return Load{}, 0, fmt.Errorf("parse metrics: %w", err)
 	}
 	var l Load
-	var found int
-	var ok bool
-	if l.Waiting, ok = pick(fams, c.waiting, false); ok {
-		found++
+	var has uint8
+	for _, f := range []struct {
+		dst  *float64
+		sels []selector
+		max  bool
+		bit  uint8
+	}{
+		{&l.Waiting, c.waiting, false, hasWaiting}, {&l.Running, c.running, false, hasRunning},
+		{&l.KVCacheUsage, c.kv, true, hasKV}, {&l.Throughput, c.throughput, false, hasThroughput},
+	} {
+		if v, ok := pick(fams, f.sels, f.max); ok {
+			*f.dst = v
+			has |= f.bit
+		}
 	}
-	if l.Running, ok = pick(fams, c.running, false); ok {
-		found++
+	if has == 0 {
+		return Load{}, 0, errNoLoadMetrics
 	}
-	if l.KVCacheUsage, ok = pick(fams, c.kv, true); ok {
-		found++
-	}
-	if found == 0 {
-		return Load{}, errNoLoadMetrics
-	}
-	return l, nil
+	return l, has, nil
 }
 
 // filterFamilies appends to dst the lines of page that belong to one of families: samples

@@ -66,6 +66,24 @@ nv_inference_pending_request_count{model="b",version="1"} 5
 sglang:num_running_reqs{model_name="m"} 2
 sglang:token_usage{model_name="m"} 0.5
 `, want: Load{Waiting: 1, Running: 2, KVCacheUsage: 0.5}},
+		{name: "vllm throughput counter", names: VLLM, page: vllmPage + `# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="m"} 12345
+`, want: Load{Waiting: 3, Running: 5, KVCacheUsage: 0.42, Throughput: 12345}},
+		{name: "tgi generated tokens: a histogram's sum", names: TGI, page: `tgi_queue_size 1
+tgi_batch_current_size 2
+# HELP tgi_request_generated_tokens Generated tokens per request
+# TYPE tgi_request_generated_tokens histogram
+tgi_request_generated_tokens_bucket{le="1"} 0
+tgi_request_generated_tokens_bucket{le="+Inf"} 7
+tgi_request_generated_tokens_sum 900
+tgi_request_generated_tokens_count 7
+`, want: Load{Waiting: 1, Running: 2, Throughput: 900}},
+		{name: "sglang throughput summed over ranks", names: SGLang, page: `sglang:num_queue_reqs{model_name="m"} 0
+sglang:generation_tokens_total{model_name="m",tp_rank="0"} 100
+sglang:generation_tokens_total{model_name="m",tp_rank="1"} 50
+`, want: Load{Throughput: 150}},
+		{name: "throughput alone is a load", names: VLLM, page: "vllm:generation_tokens_total 5\n", want: Load{Throughput: 5}},
 		{name: "NaN sample skipped", names: VLLM, page: "vllm:num_requests_waiting{a=\"1\"} NaN\nvllm:num_requests_waiting{a=\"2\"} 2\n",
 			want: Load{Waiting: 2}},
 		{name: "malformed wanted line", names: VLLM, page: "vllm:num_requests_waiting{model_name=\"m\" 3\n", err: "parse metrics"},
@@ -95,6 +113,53 @@ sglang:token_usage{model_name="m"} 0.5
 			}
 		})
 	}
+}
+
+// TestParseLoadPresence: the checks are told which metrics the page had, not only values.
+func TestParseLoadPresence(t *testing.T) {
+	c, err := VLLM.compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		page string
+		has  uint8
+	}{
+		{vllmPage, hasWaiting | hasRunning | hasKV},
+		{vllmPage + "vllm:generation_tokens_total 0\n", hasWaiting | hasRunning | hasKV | hasThroughput},
+		{"vllm:num_requests_waiting 0\n", hasWaiting},
+		{"vllm:num_requests_running 0\nvllm:gpu_cache_usage_perc 0\n", hasRunning | hasKV},
+	} {
+		_, has, err := parseLoad([]byte(tc.page), c, nil)
+		if err != nil || has != tc.has {
+			t.Errorf("page %q: has %04b, %v; want %04b", tc.page, has, err, tc.has)
+		}
+	}
+}
+
+// FuzzParseLoad: no page makes the parser panic, and a load it returns holds numbers only
+// (no NaN or infinity: such samples are skipped).
+func FuzzParseLoad(f *testing.F) {
+	f.Add([]byte(vllmPage))
+	f.Add([]byte(vllmPage + "vllm:generation_tokens_total{model_name=\"m\"} 1e3\n"))
+	f.Add([]byte("tgi_request_generated_tokens_sum 9\ntgi_queue_size 1\n"))
+	f.Add([]byte("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{a=\"b\"} NaN\n"))
+	f.Add([]byte("vllm:kv_cache_usage_perc{x=\"\\\"\"} +Inf\n# EOF\n"))
+	f.Add([]byte("\x00\xff{{{\n#\n# TYPE\n"))
+	names := []Names{VLLM, TGI, SGLang, Triton}
+	f.Fuzz(func(t *testing.T, page []byte) {
+		for _, n := range names {
+			l, err := ParseLoad(page, n)
+			if err != nil {
+				continue
+			}
+			for _, v := range []float64{l.Waiting, l.Running, l.KVCacheUsage, l.Throughput} {
+				if v != v || v > 1e308 || v < -1e308 {
+					t.Fatalf("%+v from %q", l, page)
+				}
+			}
+		}
+	})
 }
 
 func TestParseSelector(t *testing.T) {
@@ -159,7 +224,7 @@ func BenchmarkParseVLLMPage(b *testing.B) {
 	b.SetBytes(int64(len(page)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := parseLoad(page, c, &scratch); err != nil {
+		if _, _, err := parseLoad(page, c, &scratch); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -26,7 +27,10 @@ const (
 )
 
 // Scraper polls each endpoint's Prometheus metrics URL and keeps the last good Load per
-// endpoint; Get reads it without locks or allocation.
+// endpoint; Get reads it without locks or allocation. Each good scrape also runs the state
+// checks (Checks: a KV-cache leak, a stall) on a short history of the endpoint's samples
+// (fixed size), and the Load carries the flags they raise; entering and leaving a flag is
+// logged on Logger.
 //
 // Set the exported fields before the first call to any method; zero values take the defaults.
 // Start runs the pollers (one goroutine per endpoint, each with at most one request in
@@ -42,6 +46,8 @@ type Scraper struct {
 	Client    *http.Client  // default: a private client without proxy, keep-alives on
 	Clock     clock.Clock   // stamps Load.At and judges freshness (default the system clock)
 	Devices   Source        // local devices shown by Snapshot; nil for none
+	Checks    Checks        // model-server state checks (default: both on, default thresholds)
+	Logger    *slog.Logger  // flags entered and left; default: discard
 
 	eps atomic.Pointer[map[string]*endpoint] // endpoint URL → state, replaced whole by Set
 
@@ -52,6 +58,8 @@ type Scraper struct {
 	cancel  context.CancelFunc
 	names   *compiledNames
 	client  *http.Client
+	checks  *Checks // Checks with defaults, nil when disabled; set by prepare
+	log     *slog.Logger
 	wg      sync.WaitGroup
 }
 
@@ -67,6 +75,9 @@ type endpoint struct {
 	errMu     sync.Mutex
 	lastErr   string
 	lastErrAt time.Time
+
+	checkMu sync.Mutex // guards chk: held by a scrape's checks and by Snapshot
+	chk     checker
 
 	cancel context.CancelFunc // stops the poller; nil while none runs
 	done   chan struct{}      // closed when the poller has returned
@@ -144,15 +155,40 @@ func (s *Scraper) Start(ctx context.Context) error {
 	if s.started || s.closed {
 		return errors.New("gpu: Scraper started twice or after Close")
 	}
+	if err := s.prepare(); err != nil {
+		return err
+	}
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.started = true
+	if m := s.eps.Load(); m != nil {
+		for _, e := range *m {
+			s.launch(e)
+		}
+	}
+	return nil
+}
+
+// prepare compiles the names, resolves the checks and builds the client, once; s.mu held.
+func (s *Scraper) prepare() error {
+	if s.names != nil {
+		return nil
+	}
 	names := s.Names
-	if len(names.Waiting)+len(names.Running)+len(names.KVCache) == 0 {
+	if len(names.Waiting)+len(names.Running)+len(names.KVCache)+len(names.Throughput) == 0 {
 		names = VLLM
 	}
 	c, err := names.compile()
-	if err != nil {
+	if err := errors.Join(err, s.Checks.Validate()); err != nil {
 		return err
 	}
-	s.names = c
+	if !s.Checks.Disabled {
+		checks := s.Checks.withDefaults()
+		s.checks = &checks
+	}
+	s.log = s.Logger
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
 	s.client = s.Client
 	if s.client == nil {
 		s.client = &http.Client{Transport: &http.Transport{
@@ -161,12 +197,43 @@ func (s *Scraper) Start(ctx context.Context) error {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
-	s.ctx, s.cancel = context.WithCancel(ctx)
-	s.started = true
-	if m := s.eps.Load(); m != nil {
-		for _, e := range *m {
-			s.launch(e)
+	s.names = c
+	return nil
+}
+
+// Poll scrapes every endpoint once now, one after the other, and records the results as
+// the pollers do (loads, failures, checks); it returns when all are done or ctx ends. It is
+// for callers that drive scraping themselves, such as tests on an injected clock, and does
+// not need Start (with pollers running too, an endpoint is scraped once more). It fails
+// only if Names or Checks are invalid, or the Scraper was closed.
+func (s *Scraper) Poll(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("gpu: Poll after Close")
+	}
+	err := s.prepare()
+	names, client := s.names, s.client
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	m := s.eps.Load()
+	if m == nil {
+		return nil
+	}
+	eps := make([]*endpoint, 0, len(*m))
+	for _, e := range *m {
+		eps = append(eps, e)
+	}
+	slices.SortFunc(eps, func(a, b *endpoint) int { return strings.Compare(a.url, b.url) })
+	var body bytes.Buffer
+	var scratch []byte
+	for _, e := range eps {
+		if ctx.Err() != nil {
+			break
 		}
+		s.scrape(ctx, e, names, client, &body, &scratch)
 	}
 	return nil
 }
@@ -216,9 +283,10 @@ func (s *Scraper) poll(ctx context.Context, e *endpoint, names *compiledNames, c
 	}
 }
 
-// scrape fetches and parses e's metrics page once, recording the load or the failure.
+// scrape fetches and parses e's metrics page once, recording the load or the failure, and
+// runs the checks on a good load.
 func (s *Scraper) scrape(ctx context.Context, e *endpoint, names *compiledNames, client *http.Client, body *bytes.Buffer, scratch *[]byte) {
-	l, err := s.fetch(ctx, e.metricsURL, names, client, body, scratch)
+	l, has, err := s.fetch(ctx, e.metricsURL, names, client, body, scratch)
 	if ctx.Err() != nil {
 		return // stopped: not the endpoint's fault
 	}
@@ -231,42 +299,64 @@ func (s *Scraper) scrape(ctx context.Context, e *endpoint, names *compiledNames,
 		return
 	}
 	l.At = s.now()
+	s.check(e, &l, has)
 	e.load.Store(&l)
 }
 
-func (s *Scraper) fetch(ctx context.Context, url string, names *compiledNames, client *http.Client, body *bytes.Buffer, scratch *[]byte) (Load, error) {
+// check runs the checks on a good load of e, sets l.Flags and logs the flags it enters and
+// leaves.
+func (s *Scraper) check(e *endpoint, l *Load, has uint8) {
+	if s.checks == nil {
+		return
+	}
+	var buf [2 * len(CheckNames)]transition
+	e.checkMu.Lock()
+	flags, tr := e.chk.observe(s.checks, l, has, l.At, buf[:0])
+	e.checkMu.Unlock()
+	l.Flags = flags
+	for _, t := range tr {
+		if t.on {
+			s.log.Warn("gpu: endpoint flagged", "endpoint", e.url, "check", CheckNames[t.check], "detail", t.detail)
+		} else {
+			s.log.Info("gpu: endpoint flag cleared", "endpoint", e.url, "check", CheckNames[t.check],
+				"after", t.after, "detail", t.detail)
+		}
+	}
+}
+
+func (s *Scraper) fetch(ctx context.Context, url string, names *compiledNames, client *http.Client, body *bytes.Buffer, scratch *[]byte) (Load, uint8, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout())
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return Load{}, err
+		return Load{}, 0, err
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
 	resp, err := client.Do(req)
 	if err != nil {
-		return Load{}, err
+		return Load{}, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return Load{}, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+		return Load{}, 0, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
 	if ct := resp.Header.Get("Content-Type"); strings.Contains(ct, "protobuf") {
-		return Load{}, fmt.Errorf("GET %s: unsupported content type %q", url, ct)
+		return Load{}, 0, fmt.Errorf("GET %s: unsupported content type %q", url, ct)
 	}
 	limit := s.maxBody()
 	body.Reset()
 	if _, err := body.ReadFrom(io.LimitReader(resp.Body, limit+1)); err != nil {
-		return Load{}, fmt.Errorf("GET %s: %w", url, err)
+		return Load{}, 0, fmt.Errorf("GET %s: %w", url, err)
 	}
 	if int64(body.Len()) > limit {
-		return Load{}, fmt.Errorf("GET %s: page larger than %d bytes", url, limit)
+		return Load{}, 0, fmt.Errorf("GET %s: page larger than %d bytes", url, limit)
 	}
-	l, err := parseLoad(body.Bytes(), names, scratch)
+	l, has, err := parseLoad(body.Bytes(), names, scratch)
 	if err != nil {
-		return Load{}, fmt.Errorf("%s: %w", url, err)
+		return Load{}, 0, fmt.Errorf("%s: %w", url, err)
 	}
-	return l, nil
+	return l, has, nil
 }
 
 // ScrapeOnce fetches each metrics URL once, concurrently, with the Scraper's Names, Timeout,
@@ -274,7 +364,7 @@ func (s *Scraper) fetch(ctx context.Context, url string, names *compiledNames, c
 // Results are in the order of urls; At is the time of each answer.
 func (s *Scraper) ScrapeOnce(ctx context.Context, urls []string) ([]Load, []error) {
 	names := s.Names
-	if len(names.Waiting)+len(names.Running)+len(names.KVCache) == 0 {
+	if len(names.Waiting)+len(names.Running)+len(names.KVCache)+len(names.Throughput) == 0 {
 		names = VLLM
 	}
 	loads, errs := make([]Load, len(urls)), make([]error, len(urls))
@@ -294,7 +384,7 @@ func (s *Scraper) ScrapeOnce(ctx context.Context, urls []string) ([]Load, []erro
 	for i, u := range urls {
 		wg.Go(func() {
 			var body bytes.Buffer
-			loads[i], errs[i] = s.fetch(ctx, u, c, client, &body, nil)
+			loads[i], _, errs[i] = s.fetch(ctx, u, c, client, &body, nil)
 			if errs[i] == nil {
 				loads[i].At = s.now()
 			}
@@ -316,6 +406,11 @@ type EndpointStatus struct {
 	Failures    uint64        `json:"failures"`
 	LastError   string        `json:"last_error,omitempty"`
 	LastErrorAt time.Time     `json:"last_error_at,omitzero"`
+	// Checks is each state check's standing (none when Checks.Disabled, or before Start or
+	// Poll).
+	Checks []CheckStatus `json:"checks,omitempty"`
+	// Flagged is the checks' flags now, fresh or not (Load.Flags is as of the last scrape).
+	Flagged Flags `json:"flagged,omitempty"`
 }
 
 // Snapshot is the state of all signals, for /admin/gpu and for metrics export.
@@ -333,6 +428,7 @@ type Snapshot struct {
 func (s *Scraper) Snapshot(ctx context.Context) Snapshot {
 	now := s.now()
 	snap := Snapshot{At: now, Staleness: s.staleness()}
+	checks := s.resolvedChecks()
 	if m := s.eps.Load(); m != nil {
 		for _, e := range *m {
 			st := EndpointStatus{Endpoint: e.url, MetricsURL: e.metricsURL,
@@ -347,6 +443,11 @@ func (s *Scraper) Snapshot(ctx context.Context) Snapshot {
 			e.errMu.Lock()
 			st.LastError, st.LastErrorAt = e.lastErr, e.lastErrAt
 			e.errMu.Unlock()
+			if checks != nil {
+				e.checkMu.Lock()
+				st.Checks, st.Flagged = e.chk.status(checks), e.chk.flags
+				e.checkMu.Unlock()
+			}
 			snap.Endpoints = append(snap.Endpoints, st)
 		}
 	}
@@ -360,6 +461,13 @@ func (s *Scraper) Snapshot(ctx context.Context) Snapshot {
 		}
 	}
 	return snap
+}
+
+// resolvedChecks returns the checks in use, nil when disabled or not prepared yet.
+func (s *Scraper) resolvedChecks() *Checks {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checks
 }
 
 func (s *Scraper) now() time.Time {

@@ -424,3 +424,55 @@ func BenchmarkGetAt(b *testing.B) {
 		}
 	}
 }
+
+func TestPoll(t *testing.T) {
+	p := newPageServer(t, vllmPage+"vllm:generation_tokens_total 7\n")
+	clk := newFakeClock()
+	s := &Scraper{Clock: clk, Interval: time.Hour}
+	s.Set(map[string]string{"b": p.metricsURL(), "a": p.metricsURL()})
+	if snap := s.Snapshot(t.Context()); len(snap.Endpoints[0].Checks) != 0 {
+		t.Errorf("checks shown before any poll: %+v", snap.Endpoints[0])
+	}
+	if err := s.Poll(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if p.hits.Load() != 2 {
+		t.Errorf("one Poll scraped %d times, want once per endpoint", p.hits.Load())
+	}
+	l, ok := s.Get("a")
+	if !ok || l.Waiting != 3 || l.Throughput != 7 || !l.At.Equal(clk.Now()) || l.Flags != 0 {
+		t.Errorf("after Poll: %+v, %v", l, ok)
+	}
+	snap := s.Snapshot(t.Context())
+	if e := snap.Endpoints[0]; len(e.Checks) != 2 || e.Checks[0].Check != "kv_leak" || e.Checks[1].Check != "stall" || e.Scrapes != 1 {
+		t.Errorf("snapshot after Poll: %+v", e)
+	}
+	// Pollers and Poll together (run with -race).
+	s.Interval = 2 * time.Millisecond
+	startScraper(t, s)
+	for range 20 {
+		if err := s.Poll(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := s.Poll(ctx); err != nil {
+		t.Errorf("Poll with a done context: %v", err)
+	}
+	_ = s.Close()
+	if err := s.Poll(t.Context()); err == nil {
+		t.Error("Poll after Close succeeded")
+	}
+	if err := (&Scraper{Names: Names{Waiting: []string{"bad name"}}}).Poll(t.Context()); err == nil {
+		t.Error("Poll with bad names succeeded")
+	}
+	checks := &Scraper{Checks: Checks{Disabled: true}}
+	checks.Set(map[string]string{"a": p.metricsURL()})
+	if err := checks.Poll(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if e := checks.Snapshot(t.Context()).Endpoints[0]; e.Checks != nil {
+		t.Errorf("checks shown while disabled: %+v", e.Checks)
+	}
+}

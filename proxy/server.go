@@ -178,7 +178,8 @@ func New(opts Options) (*Server, error) {
 	s.baseCtx, s.cancelBase = context.WithCancelCause(context.Background())
 	ls := opts.Config.LoadSignals
 	names, _ := gpu.Preset(ls.Names)
-	s.scraper = &gpu.Scraper{Interval: ls.Interval.D(), Timeout: ls.Timeout.D(), Staleness: ls.Staleness.D(), Names: names}
+	s.scraper = &gpu.Scraper{Interval: ls.Interval.D(), Timeout: ls.Timeout.D(), Staleness: ls.Staleness.D(), Names: names,
+		Checks: ls.Checks.GPU(), Logger: opts.Logger}
 	if !ls.DisableNVML {
 		// No GPU or no driver is normal (a gateway host): the source reports unavailable.
 		s.devices, _ = gpu.NewNVML()
@@ -335,7 +336,7 @@ type loadSource struct{ s *gpu.Scraper }
 
 func (l loadSource) Get(endpoint string) (upstream.Load, bool) {
 	v, ok := l.s.Get(endpoint)
-	return upstream.Load{Waiting: v.Waiting, Running: v.Running, KVCacheUsage: v.KVCacheUsage}, ok
+	return upstream.Load{Waiting: v.Waiting, Running: v.Running, KVCacheUsage: v.KVCacheUsage, Flags: upstreamFlags(v.Flags)}, ok
 }
 
 func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logger) upstream.Options {
@@ -356,7 +357,8 @@ func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logge
 	o.DiscoverModels = true
 	p := cc.Picking
 	o.Picking = upstream.Picking{Strategy: p.Strategy, InFlightWeight: p.InFlightWeight, WaitingWeight: p.WaitingWeight,
-		KVWeight: p.KVWeight, AffinityMaxLoad: p.AffinityMaxLoad, AffinityMinPrefix: p.AffinityMinPrefix, DisableAffinity: p.DisableAffinity}
+		KVWeight: p.KVWeight, AffinityMaxLoad: p.AffinityMaxLoad, AffinityMinPrefix: p.AffinityMinPrefix, DisableAffinity: p.DisableAffinity,
+		FlaggedWeight: p.FlaggedWeight}
 	if !cc.HealthCheck.Disabled {
 		o.HealthCheck = upstream.HealthCheck{
 			Path: cc.HealthCheck.Path, Interval: cc.HealthCheck.Interval.D(), Timeout: cc.HealthCheck.Timeout.D(),
@@ -368,6 +370,7 @@ func clusterOptions(cc config.Cluster, defaults config.Timeouts, log *slog.Logge
 		o.Outlier = upstream.Outlier{
 			ConsecutiveFailures: cc.Outlier.ConsecutiveFailures, BaseEjection: cc.Outlier.BaseEjection.D(),
 			MaxEjection: cc.Outlier.MaxEjection.D(), MaxEjectionPercent: cc.Outlier.MaxEjectionPercent,
+			EjectFlagged: cc.Outlier.EjectFlagged,
 		}
 	}
 	return o

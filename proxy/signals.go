@@ -7,10 +7,26 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicegw/sluice/gpu"
+	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
+// upstreamFlags maps the scraper's check flags to the picker's.
+func upstreamFlags(f gpu.Flags) upstream.Flags {
+	var u upstream.Flags
+	if f.Has(gpu.FlagKVLeak) {
+		u |= upstream.FlagKVLeak
+	}
+	if f.Has(gpu.FlagStall) {
+		u |= upstream.FlagStall
+	}
+	return u
+}
+
 // signalRoutes adds GET /admin/gpu: each endpoint's scraped load (queue, running, KV-cache
-// use, freshness, scrape errors) and this host's GPUs as NVML reports them.
+// use, throughput counter, freshness, scrape errors), its state checks (flagged or not,
+// since when, how often, why) and this host's GPUs as NVML reports them.
 func (s *Server) signalRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /admin/gpu", s.authorized(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
@@ -20,7 +36,8 @@ func (s *Server) signalRoutes(mux *http.ServeMux) {
 }
 
 // signalMetrics exports the load signals at scrape time: the model servers' queue, running
-// batch and KV-cache use as Sluice sees them (fresh signals only), and the local GPUs.
+// batch and KV-cache use as Sluice sees them (fresh signals only), their state checks (a
+// series per endpoint and check: endpoints are configured, checks fixed), and the local GPUs.
 func (s *Server) signalMetrics(m metric.Meter) (metric.Registration, error) {
 	waiting, err := m.Float64ObservableGauge("sluice.endpoint.requests.waiting", metric.WithDescription("Requests waiting in the model server's queue (scraped, fresh only)"))
 	if err != nil {
@@ -35,6 +52,14 @@ func (s *Server) signalMetrics(m metric.Meter) (metric.Registration, error) {
 		return nil, err
 	}
 	fails, err := m.Int64ObservableCounter("sluice.endpoint.scrape.failures", metric.WithDescription("Failed scrapes of the model server's metrics"))
+	if err != nil {
+		return nil, err
+	}
+	flagged, err := m.Int64ObservableGauge("sluice.endpoint.flagged", metric.WithDescription("1 while the state check flags the model server (kv_leak, stall), else 0"))
+	if err != nil {
+		return nil, err
+	}
+	flags, err := m.Int64ObservableCounter("sluice.endpoint.flags", metric.WithDescription("Times the state check flagged the model server"))
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +93,15 @@ func (s *Server) signalMetrics(m metric.Meter) (metric.Registration, error) {
 				o.ObserveFloat64(running, e.Load.Running, ep)
 				o.ObserveFloat64(kv, e.Load.KVCacheUsage, ep)
 			}
+			for _, c := range e.Checks {
+				at := metric.WithAttributes(attribute.String("endpoint", e.Endpoint), attribute.String("check", c.Check))
+				v := int64(0)
+				if c.Flagged {
+					v = 1
+				}
+				o.ObserveInt64(flagged, v, at)
+				o.ObserveInt64(flags, int64(c.TimesFlagged), at)
+			}
 		}
 		for _, d := range snap.Devices {
 			g := metric.WithAttributes(attribute.Int("gpu", d.Index), attribute.String("uuid", d.UUID), attribute.String("name", d.Name))
@@ -78,5 +112,5 @@ func (s *Server) signalMetrics(m metric.Meter) (metric.Registration, error) {
 			o.ObserveFloat64(power, d.PowerW, g)
 		}
 		return nil
-	}, waiting, running, kv, fails, util, mem, memTotal, temp, power)
+	}, waiting, running, kv, fails, flagged, flags, util, mem, memTotal, temp, power)
 }

@@ -214,6 +214,15 @@ func (c *Config) applyDefaults() {
 	policy.Default(&ls.Timeout, Duration(gpu.DefaultTimeout))
 	policy.Default(&ls.Staleness, Duration(gpu.DefaultStaleness))
 	def(&ls.Names, "vllm")
+	ck := &ls.Checks
+	policy.Default(&ck.KVLeak.MinKVUsage, gpu.DefaultLeakMinKVUsage)
+	policy.Default(&ck.KVLeak.For, Duration(gpu.DefaultLeakFor))
+	if m := ck.KVLeak.MinKVUsage; m > 0 && m <= 1 {
+		policy.Default(&ck.KVLeak.ClearBelow, m/2)
+	}
+	policy.Default(&ck.Stall.Window, Duration(gpu.DefaultStallWindow))
+	policy.Default(&ck.Stall.MinWaiting, gpu.DefaultStallMinWaiting)
+	policy.Default(&ck.Stall.MaxThroughputRatio, gpu.DefaultStallMaxThroughputRatio)
 	for i := range c.Clusters {
 		c.Clusters[i].applyDefaults()
 	}
@@ -242,6 +251,7 @@ func (cl *Cluster) applyDefaults() {
 	policy.Default(&od.BaseEjection, Duration(DefaultOutlierBaseEjection))
 	policy.Default(&od.MaxEjection, Duration(DefaultOutlierMaxEjection))
 	policy.Default(&od.MaxEjectionPercent, DefaultOutlierMaxEjectionPercent)
+	policy.Default(&cl.Picking.FlaggedWeight, upstream.DefaultFlaggedWeight)
 	policy.Default(&cl.MaxIdleConnsPerHost, DefaultMaxIdleConnsPerHost)
 	if cl.APIKey == "" && cl.APIKeyEnv != "" {
 		cl.APIKey = Secret(os.Getenv(cl.APIKeyEnv))
@@ -397,6 +407,38 @@ func (c *Config) checkLoadSignals(add problemf) {
 	if c.LoadSignals.Interval < 0 || c.LoadSignals.Timeout < 0 || c.LoadSignals.Staleness < 0 {
 		add("load_signals: durations must not be negative")
 	}
+	l, s := c.LoadSignals.Checks.KVLeak, c.LoadSignals.Checks.Stall
+	unit := func(v float64) bool { return v >= 0 && v <= 1 }
+	if !unit(l.MinKVUsage) {
+		add("load_signals.checks.kv_leak.min_kv_usage: %v is not within 0..1", l.MinKVUsage)
+	}
+	if !unit(l.ClearBelow) {
+		add("load_signals.checks.kv_leak.clear_below: %v is not within 0..1", l.ClearBelow)
+	} else if unit(l.MinKVUsage) && l.ClearBelow >= l.MinKVUsage && l.ClearBelow > 0 {
+		add("load_signals.checks.kv_leak.clear_below: %v must be below min_kv_usage %v", l.ClearBelow, l.MinKVUsage)
+	}
+	if l.For < 0 {
+		add("load_signals.checks.kv_leak.for: must not be negative")
+	}
+	if s.Window < 0 {
+		add("load_signals.checks.stall.window: must not be negative")
+	}
+	if !(s.MinWaiting >= 0 && s.MinWaiting <= 1e9) {
+		add("load_signals.checks.stall.min_waiting: %v is not within 0..1e9", s.MinWaiting)
+	}
+	if !(s.MaxThroughputRatio >= 0 && s.MaxThroughputRatio < 1) {
+		add("load_signals.checks.stall.max_throughput_ratio: %v is not within 0..1 (1 excluded)", s.MaxThroughputRatio)
+	}
+}
+
+// GPU returns the checks as package gpu takes them.
+func (c SignalChecks) GPU() gpu.Checks {
+	return gpu.Checks{
+		Disabled: c.Disabled,
+		Leak:     gpu.LeakCheck{Disabled: c.KVLeak.Disabled, MinKVUsage: c.KVLeak.MinKVUsage, For: c.KVLeak.For.D(), ClearBelow: c.KVLeak.ClearBelow},
+		Stall: gpu.StallCheck{Disabled: c.Stall.Disabled, Window: c.Stall.Window.D(), MinWaiting: c.Stall.MinWaiting,
+			MaxThroughputRatio: c.Stall.MaxThroughputRatio},
+	}
 }
 
 // checkClusters checks the clusters, and returns their names.
@@ -493,6 +535,9 @@ func (c *Config) checkClusters(add problemf) map[string]bool {
 		}
 		if cl.Picking.AffinityMinPrefix < 0 {
 			add("%s.picking.affinity_min_prefix: must not be negative", at)
+		}
+		if fw := cl.Picking.FlaggedWeight; !(fw >= 0 && fw <= 1) {
+			add("%s.picking.flagged_weight: %v is not within 0..1", at, fw)
 		}
 	}
 	return clusters

@@ -208,6 +208,9 @@ type Picking struct {
 	// AffinityMinPrefix: the shortest prompt prefix (bytes) that earns affinity.
 	AffinityMinPrefix int  `yaml:"affinity_min_prefix" json:"affinity_min_prefix,omitempty"`
 	DisableAffinity   bool `yaml:"disable_affinity" json:"disable_affinity,omitempty"`
+	// FlaggedWeight: the share of its weight an endpoint keeps while load_signals.checks
+	// flag it (0 < x <= 1; 1 leaves it alone).
+	FlaggedWeight float64 `yaml:"flagged_weight" json:"flagged_weight,omitempty"`
 }
 
 // LoadSignals configures how model-server metrics (and local GPUs) are read.
@@ -222,6 +225,38 @@ type LoadSignals struct {
 	Names string `yaml:"names" json:"names"`
 	// DisableNVML stops reading this host's GPUs through NVML (/admin/gpu, metrics).
 	DisableNVML bool `yaml:"disable_nvml" json:"disable_nvml,omitempty"`
+	// Checks are the model-server state checks run on every scrape: a KV-cache leak and a
+	// stall flag the endpoint (metric, /admin/gpu, /admin/endpoints, log); picking lowers a
+	// flagged endpoint's weight (clusters[].picking.flagged_weight) and may eject it
+	// (clusters[].outlier.eject_flagged).
+	Checks SignalChecks `yaml:"checks" json:"checks"`
+}
+
+// SignalChecks configures the model-server state checks (package gpu's Checks).
+type SignalChecks struct {
+	// Disabled turns both checks off.
+	Disabled bool       `yaml:"disabled" json:"disabled,omitempty"`
+	KVLeak   LeakCheck  `yaml:"kv_leak" json:"kv_leak"`
+	Stall    StallCheck `yaml:"stall" json:"stall"`
+}
+
+// LeakCheck flags KV-cache use that outlives every request: at least MinKVUsage on every
+// scrape for For, each with nothing running or waiting. It clears on a scrape below
+// ClearBelow.
+type LeakCheck struct {
+	MinKVUsage float64  `yaml:"min_kv_usage" json:"min_kv_usage"`
+	For        Duration `yaml:"for" json:"for"`
+	ClearBelow float64  `yaml:"clear_below" json:"clear_below"`
+	Disabled   bool     `yaml:"disabled" json:"disabled,omitempty"`
+}
+
+// StallCheck flags a queue that grows (and stays at MinWaiting or more) while throughput
+// falls to MaxThroughputRatio of what it was, over Window.
+type StallCheck struct {
+	Window             Duration `yaml:"window" json:"window"`
+	MinWaiting         float64  `yaml:"min_waiting" json:"min_waiting"`
+	MaxThroughputRatio float64  `yaml:"max_throughput_ratio" json:"max_throughput_ratio"`
+	Disabled           bool     `yaml:"disabled" json:"disabled,omitempty"`
 }
 
 // Endpoint is one model-server replica.
@@ -250,6 +285,9 @@ type Outlier struct {
 	BaseEjection        Duration `yaml:"base_ejection" json:"base_ejection"`
 	MaxEjection         Duration `yaml:"max_ejection" json:"max_ejection"`
 	MaxEjectionPercent  int      `yaml:"max_ejection_percent" json:"max_ejection_percent"`
+	// EjectFlagged also ejects endpoints that load_signals.checks flag (a KV-cache leak, a
+	// stall), with the same times and limits, never the last available endpoint.
+	EjectFlagged bool `yaml:"eject_flagged" json:"eject_flagged,omitempty"`
 	// Disabled turns passive ejection off for this cluster.
 	Disabled bool `yaml:"disabled" json:"disabled"`
 }

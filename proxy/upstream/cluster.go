@@ -29,7 +29,8 @@ type Cluster struct {
 	log       *slog.Logger
 	endpoints []*Endpoint
 	hcEnabled bool
-	odEnabled bool
+	odEnabled bool   // passive ejection on failures (Outlier.ConsecutiveFailures > 0)
+	ejects    bool   // ejections apply: odEnabled or Outlier.EjectFlagged with a load source
 	pk        picker // Picking, resolved
 
 	rr atomic.Uint64 // round-robin among ties
@@ -65,6 +66,7 @@ func NewCluster(opts Options) (*Cluster, error) {
 		odEnabled: o.Outlier.ConsecutiveFailures > 0,
 		pk:        newPicker(o),
 	}
+	c.ejects = c.odEnabled || c.pk.ejectFlags
 	anyTLS := false
 	c.endpoints = make([]*Endpoint, len(o.Endpoints))
 	for i, spec := range o.Endpoints {
@@ -166,7 +168,7 @@ func (c *Cluster) usable(s *endpointState, now int64) bool {
 	if c.hcEnabled && !s.healthy.Load() {
 		return false
 	}
-	if c.odEnabled && now < s.ejectedUntil.Load() {
+	if c.ejects && now < s.ejectedUntil.Load() {
 		return false
 	}
 	return true
@@ -195,14 +197,14 @@ func (c *Cluster) pickLeastInFlight(exclude *Endpoint) (*Endpoint, error) {
 		exAvail      *Endpoint
 	)
 	for _, e := range c.endpoints {
-		if !c.usable(e.st, now) {
+		if !c.usable(e.st, now) || (c.pk.src != nil && !c.refreshLoad(e, now)) {
 			continue
 		}
 		if e.st == ex {
 			exAvail = e
 			continue
 		}
-		l, w := max(e.st.inFlight.Load(), 0), e.weight
+		l, w := max(e.st.inFlight.Load(), 0), c.fixedWeight(e)
 		if best == nil {
 			best, bestL, bestW, ties = e, l, w, 1
 			continue
@@ -228,12 +230,21 @@ func (c *Cluster) pickLeastInFlight(exclude *Endpoint) (*Endpoint, error) {
 	return c.panicPick(ex)
 }
 
+// fixedWeight is e's weight in 1/weightScale units as least in-flight compares it: lowered
+// to FlaggedWeight of it while e is flagged (as of its last refresh).
+func (c *Cluster) fixedWeight(e *Endpoint) int64 {
+	if e.flags.Load() != 0 {
+		return e.weight * c.pk.flagWFixed
+	}
+	return e.weight * weightScale
+}
+
 // nthTie picks among endpoints tied at (l, w) round-robin. In-flight counts may move between
 // the two passes; if the chosen tie is gone, the first pass's winner stands.
 func (c *Cluster) nthTie(now int64, ex *endpointState, l, w int64, ties int, fallback *Endpoint) *Endpoint {
 	k := int(c.rr.Add(1) % uint64(ties))
 	for _, e := range c.endpoints {
-		if e.st == ex || e.weight != w || !c.usable(e.st, now) || max(e.st.inFlight.Load(), 0) != l {
+		if e.st == ex || c.fixedWeight(e) != w || !c.usable(e.st, now) || max(e.st.inFlight.Load(), 0) != l {
 			continue
 		}
 		if k == 0 {
@@ -297,7 +308,49 @@ func (c *Cluster) maybeEject(e *Endpoint) {
 			"max_ejection_percent", c.opts.Outlier.MaxEjectionPercent)
 		return
 	}
+	c.ejectLocked(e, now, 0)
+}
 
+// ejectFlagged runs when a refresh found e flagged with Outlier.EjectFlagged on: it ejects
+// e as maybeEject does, unless it is ejected already, MaxEjectionPercent forbids it, or e is
+// the last available endpoint of the cluster (a flag says the server is degraded, not
+// down: a degraded endpoint beats none). A skipped ejection is logged once per flagging.
+func (c *Cluster) ejectFlagged(e *Endpoint, flags Flags, now int64) {
+	c.ejectMu.Lock()
+	defer c.ejectMu.Unlock()
+	if now < e.st.ejectedUntil.Load() {
+		return
+	}
+	ejected, others := 0, 0
+	for _, o := range c.endpoints {
+		switch {
+		case now < o.st.ejectedUntil.Load():
+			ejected++
+		case o != e && (!c.hcEnabled || o.st.healthy.Load()):
+			others++
+		}
+	}
+	why := ""
+	switch {
+	case others == 0:
+		why = "the last available endpoint"
+	case 100*(ejected+1) > c.opts.Outlier.MaxEjectionPercent*len(c.endpoints):
+		why = "max ejection percent reached"
+	}
+	if why != "" {
+		if !e.ejectSkipped.Swap(true) {
+			c.log.Warn("upstream: ejection of a flagged endpoint skipped: "+why, "endpoint", e.raw, "flags", flags.String(),
+				"ejected", ejected, "endpoints", len(c.endpoints), "max_ejection_percent", c.opts.Outlier.MaxEjectionPercent)
+		}
+		return
+	}
+	c.ejectLocked(e, now, flags)
+}
+
+// ejectLocked ejects e from now, for BaseEjection × its multiplier (capped), because of flags
+// (0: consecutive failures); c.ejectMu held.
+func (c *Cluster) ejectLocked(e *Endpoint, now int64, flags Flags) {
+	s := e.st
 	od := c.opts.Outlier
 	base, maxE := int64(od.BaseEjection), int64(od.MaxEjection)
 	s.mu.Lock()
@@ -311,10 +364,15 @@ func (c *Cluster) maybeEject(e *Endpoint) {
 	d := min(base*s.multiplier, maxE)
 	s.timesEjected++
 	times := s.timesEjected
+	s.ejectReason = flags
 	s.ejectedUntil.Store(now + d)
 	s.mu.Unlock()
 
-	c.log.Warn("upstream: endpoint ejected", "endpoint", e.raw,
+	reason := "consecutive_failures"
+	if flags != 0 {
+		reason = flags.String()
+	}
+	c.log.Warn("upstream: endpoint ejected", "endpoint", e.raw, "reason", reason,
 		"for", time.Duration(d), "times_ejected", times)
 }
 

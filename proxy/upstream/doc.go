@@ -54,6 +54,16 @@
 // affinity endpoint (a retry) sends the request to the prefix's next endpoint in rendezvous
 // order.
 //
+// Flagged endpoints (both strategies): when Options.Load reports flags for an endpoint (a
+// KV-cache leak or a stall, found by package gpu's checks on a fresh signal), the endpoint
+// keeps Picking.FlaggedWeight (default 0.1) of its weight in every term that uses the weight:
+// (in-flight+1)/weight in least in-flight and in the load-aware score. It is picked less, not
+// never: idle endpoints win over it, loaded ones share with it in proportion. Least in-flight
+// then reads Options.Load too (for the flags only), at most once per LoadCache per endpoint.
+// The rendezvous ranking keeps the configured weight (prefixes do not move), but a flagged
+// affinity endpoint scores at its lowered weight, so affinity is abandoned unless the others
+// are much busier.
+//
 // Every pick is counted on the chosen endpoint by reason ([PickStats]: least_inflight,
 // load_aware, no_signals, affinity_kept, affinity_abandoned, panic), in
 // [Cluster.Snapshot] per endpoint and [Cluster.PickStats] per cluster.
@@ -98,6 +108,14 @@
 // 100 × (ejected now + 1) ≤ MaxEjectionPercent × len(endpoints). With the default of 50 a
 // cluster of two or more endpoints can always eject at least one; a single-endpoint cluster
 // is never ejected unless MaxEjectionPercent is 100 (and then panic mode still routes to it).
+//
+// Flag ejection (Outlier.EjectFlagged, off by default): a pick that reads flags for an
+// endpoint ejects it as consecutive failures would (BaseEjection × multiplier, the same
+// multiplier and decay, within MaxEjectionPercent), except that it never ejects the last
+// available endpoint of the cluster (healthy and not ejected): a degraded server beats none.
+// An endpoint still flagged when its ejection ends is ejected again, for longer. It works
+// with passive failure ejection off (ConsecutiveFailures 0). The status says why an endpoint
+// is ejected (EndpointStatus.EjectionReason) and which flags it has now.
 //
 // # Reloads
 //

@@ -27,6 +27,10 @@ type Endpoint struct {
 	// cluster, not shared across reloads: a new cluster may have another source or weights.
 	sig      atomic.Uint64
 	sigUntil atomic.Int64
+	// The flags last read with sig (Flags bits), and whether a skipped ejection of this
+	// flagging was logged.
+	flags        atomic.Uint32
+	ejectSkipped atomic.Bool
 }
 
 // endpointState is what survives a reload. Hot fields are atomic; the rest is guarded by mu.
@@ -43,6 +47,7 @@ type endpointState struct {
 	mu           sync.Mutex
 	multiplier   int64 // ejection multiplier (Envoy's eject_time_backoff)
 	timesEjected int64 // total ejections, never decreases
+	ejectReason  Flags // of the last ejection: the flags, or 0 for consecutive failures
 	hcFailures   int   // consecutive active-check failures
 	hcSuccesses  int   // consecutive active-check successes
 	lastCheck    time.Time
@@ -112,7 +117,7 @@ func (e *Endpoint) Ready() bool {
 }
 
 // Available reports whether Pick would consider the endpoint outside panic mode: healthy by
-// active checks (or checks off) and not ejected at now (or outlier detection off).
+// active checks (or checks off) and not ejected at now (or ejection off).
 func (e *Endpoint) Available(now time.Time) bool {
 	return e.cluster.usable(e.st, now.UnixNano())
 }
@@ -149,18 +154,26 @@ func (e *Endpoint) Report(ok bool) {
 // EndpointStatus is a point-in-time view of one endpoint for the admin API.
 // Counters survive reloads with the rest of the endpoint state.
 type EndpointStatus struct {
-	URL                 string    `json:"url"`
-	MetricsURL          string    `json:"metrics_url,omitempty"`
-	Weight              int       `json:"weight"`
-	Healthy             bool      `json:"healthy"`                // by active checks; true when checks are off
-	Ejected             bool      `json:"ejected"`                // by outlier detection, now
-	EjectedUntil        time.Time `json:"ejected_until,omitzero"` // zero unless Ejected
-	TimesEjected        int64     `json:"times_ejected"`          // total, never decreases
-	EjectionMultiplier  int64     `json:"ejection_multiplier"`    // next ejection lasts BaseEjection × (this+1), before decay and cap
-	InFlight            int64     `json:"in_flight"`              // begun and not ended
-	ConsecutiveFailures int64     `json:"consecutive_failures"`   // passive, since the last success or ejection
-	Requests            int64     `json:"requests"`               // begun (Begin or Acquire)
-	Failures            int64     `json:"failures"`               // reported with Report(false)
+	URL          string    `json:"url"`
+	MetricsURL   string    `json:"metrics_url,omitempty"`
+	Weight       int       `json:"weight"`
+	Healthy      bool      `json:"healthy"`                // by active checks; true when checks are off
+	Ejected      bool      `json:"ejected"`                // by outlier detection (failures, or a flag), now
+	EjectedUntil time.Time `json:"ejected_until,omitzero"` // zero unless Ejected
+	// EjectionReason says why, while Ejected: "consecutive_failures", or the flags
+	// ("kv_leak", "stall") with Outlier.EjectFlagged.
+	EjectionReason string `json:"ejection_reason,omitempty"`
+	// Flags are the states the endpoint's load carries now (a fresh signal from
+	// Options.Load; package gpu's checks), and EffectiveWeight the weight picking gives it:
+	// Weight, or Weight × Picking.FlaggedWeight while flagged.
+	Flags               []string  `json:"flags,omitempty"`
+	EffectiveWeight     float64   `json:"effective_weight"`
+	TimesEjected        int64     `json:"times_ejected"`        // total, never decreases
+	EjectionMultiplier  int64     `json:"ejection_multiplier"`  // next ejection lasts BaseEjection × (this+1), before decay and cap
+	InFlight            int64     `json:"in_flight"`            // begun and not ended
+	ConsecutiveFailures int64     `json:"consecutive_failures"` // passive, since the last success or ejection
+	Requests            int64     `json:"requests"`             // begun (Begin or Acquire)
+	Failures            int64     `json:"failures"`             // reported with Report(false)
 	LastHealthCheck     time.Time `json:"last_health_check,omitzero"`
 	LastHealthError     string    `json:"last_health_error,omitempty"` // of the last check; empty after a success
 	Picks               PickStats `json:"picks"`                       // times Pick/PickFor chose this endpoint, by reason
@@ -178,11 +191,22 @@ func (e *Endpoint) status(now int64) EndpointStatus {
 		Requests:            s.requests.Load(),
 		Failures:            s.failures.Load(),
 	}
-	if until := s.ejectedUntil.Load(); e.cluster.odEnabled && now < until {
-		st.Ejected = true
-		st.EjectedUntil = time.Unix(0, until)
+	st.EffectiveWeight = float64(e.weight)
+	if src := e.cluster.opts.Load; src != nil {
+		if l, ok := src.Get(e.raw); ok && l.Flags&allFlags != 0 {
+			st.Flags = (l.Flags & allFlags).Names()
+			st.EffectiveWeight *= e.cluster.pk.flagW
+		}
 	}
 	s.mu.Lock()
+	if until := s.ejectedUntil.Load(); e.cluster.ejects && now < until {
+		st.Ejected = true
+		st.EjectedUntil = time.Unix(0, until)
+		st.EjectionReason = "consecutive_failures"
+		if s.ejectReason != 0 {
+			st.EjectionReason = s.ejectReason.String()
+		}
+	}
 	st.TimesEjected = s.timesEjected
 	st.EjectionMultiplier = s.multiplier
 	st.LastHealthCheck = s.lastCheck

@@ -36,6 +36,7 @@ const (
 	DefaultAffinityMaxLoad   = 2.0                   // the affinity endpoint may score this much above the best
 	DefaultAffinityMinPrefix = 256                   // bytes of prompt prefix (Hint.PrefixLen) for affinity
 	DefaultLoadCache         = 10 * time.Millisecond // how long picks reuse a signal read from Options.Load
+	DefaultFlaggedWeight     = 0.1                   // share of its weight a flagged endpoint keeps (Load.Flags)
 	maxPickingWeight         = 1e6
 )
 
@@ -70,20 +71,27 @@ type HealthCheck struct {
 // AutoHealthPaths are the paths an empty HealthCheck.Path tries, in order.
 var AutoHealthPaths = []string{"/health", "/v1/models"}
 
-// Outlier configures passive outlier detection (Envoy's consecutive_5xx).
+// Outlier configures passive outlier detection (Envoy's consecutive_5xx), and the ejection
+// of endpoints whose model server is flagged by its metrics (EjectFlagged).
 type Outlier struct {
 	ConsecutiveFailures int           // failures in a row that eject; 0 disables passive ejection
 	BaseEjection        time.Duration // ejection time = BaseEjection × multiplier; default 30s
 	MaxEjection         time.Duration // cap on one ejection; default max(300s, BaseEjection)
 	MaxEjectionPercent  int           // 1..100, Envoy's rule (see package doc); 0 means 50
 	DecayInterval       time.Duration // each full interval back in service lowers the multiplier by one; default 10s
+	// EjectFlagged ejects an endpoint whose load (Options.Load) carries flags (a KV-cache
+	// leak, a stall), as a failing one is ejected: for BaseEjection × multiplier, within
+	// MaxEjectionPercent, and never the last available endpoint. Off by default: a flagged
+	// endpoint then only has its weight lowered (Picking.FlaggedWeight).
+	EjectFlagged bool
 }
 
 // Picking configures how Pick and PickFor choose an endpoint (see the package doc for the
 // score). The zero value is the default: load-aware scoring when Options.Load is set, else
 // least in-flight; prefix affinity on.
 type Picking struct {
-	// Strategy is "least_inflight" (in-flight requests per weight only; Load is not read) or
+	// Strategy is "least_inflight" (in-flight requests per weight only; Load is read for its
+	// flags only, see FlaggedWeight) or
 	// "load_aware" (in-flight plus the model server's queue and KV-cache use, from
 	// Options.Load, fresh signals only). "" means load_aware when Load is set, else
 	// least_inflight. load_aware without a Load is an error.
@@ -111,6 +119,11 @@ type Picking struct {
 	// spares the source a call per endpoint per pick. Default 10ms; negative: ask on
 	// every pick.
 	LoadCache time.Duration
+	// FlaggedWeight is the share of its weight an endpoint keeps while its load (Options.Load)
+	// carries flags (a KV-cache leak, a stall, found by package gpu's checks), under either
+	// strategy: it is picked less, but still picked when the others are loaded enough. In
+	// (0, 1]; 0 means the default, 0.1; 1 leaves the weight alone.
+	FlaggedWeight float64
 }
 
 // TLS configures the client side of TLS to https endpoints.
@@ -249,6 +262,9 @@ func (o Options) Validate() error {
 	if pk.AffinityMinPrefix < 0 {
 		add("picking.affinity_min_prefix", "must not be negative")
 	}
+	if !(pk.FlaggedWeight >= 0 && pk.FlaggedWeight <= 1) {
+		add("picking.flagged_weight", "must be within 0..1 (0 means %v), got %v", DefaultFlaggedWeight, pk.FlaggedWeight)
+	}
 
 	if o.TLS.CAFile != "" {
 		if _, _, err := loadCA(o.TLS.CAFile); err != nil {
@@ -305,6 +321,9 @@ func (o Options) withDefaults() Options {
 	}
 	if pk.LoadCache == 0 {
 		pk.LoadCache = DefaultLoadCache
+	}
+	if pk.FlaggedWeight == 0 {
+		pk.FlaggedWeight = DefaultFlaggedWeight
 	}
 	if o.Clock == nil {
 		o.Clock = realClock{}

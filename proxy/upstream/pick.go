@@ -3,6 +3,7 @@ package upstream
 import (
 	"hash/fnv"
 	"math"
+	"strings"
 )
 
 // Load is a model server's load as its metrics report it (vLLM v1 names).
@@ -10,7 +11,38 @@ type Load struct {
 	Waiting      float64 // vllm:num_requests_waiting: requests queued, not yet running
 	Running      float64 // vllm:num_requests_running (reported; not scored: in-flight covers it)
 	KVCacheUsage float64 // vllm:kv_cache_usage_perc, 0..1
+	// Flags are states of the server its metrics betray (package gpu's checks): a flagged
+	// endpoint keeps only Picking.FlaggedWeight of its weight, and with
+	// Outlier.EjectFlagged it is ejected.
+	Flags Flags
 }
+
+// Flags is a set of model-server states found from the server's metrics.
+type Flags uint8
+
+// The flags (the same as package gpu's).
+const (
+	FlagKVLeak Flags = 1 << iota // the KV cache stayed in use with nothing running or waiting
+	FlagStall                    // the queue grew while throughput fell
+
+	allFlags = FlagKVLeak | FlagStall
+)
+
+var flagNames = [...]string{"kv_leak", "stall"}
+
+// Names returns the names of f's flags ("kv_leak", "stall").
+func (f Flags) Names() []string {
+	var out []string
+	for i, n := range flagNames {
+		if f&(1<<i) != 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// String is Names joined by commas.
+func (f Flags) String() string { return strings.Join(f.Names(), ",") }
 
 // LoadSource gives the current load of an endpoint. Get is called with the endpoint's URL as
 // configured (Endpoint.String, EndpointSpec.URL) and must report ok=false when it has no
@@ -102,6 +134,10 @@ func (c *Cluster) PickStats() PickStats {
 // picker is Options.Picking resolved for the hot path.
 type picker struct {
 	load       LoadSource // nil unless the strategy is load_aware
+	src        LoadSource // Options.Load when picks read it (for signals or flags); else nil
+	flagW      float64    // Picking.FlaggedWeight
+	flagWFixed int64      // FlaggedWeight in 1/weightScale units, for least in-flight
+	ejectFlags bool       // Outlier.EjectFlagged with a source
 	wInFlight  float64
 	wWaiting   float64
 	wKV        float64
@@ -126,8 +162,18 @@ func newPicker(o Options) picker {
 	if pk.Strategy == StrategyLoadAware {
 		p.load = o.Load
 	}
+	p.flagW = pk.FlaggedWeight
+	p.flagWFixed = max(int64(math.Round(pk.FlaggedWeight*weightScale)), 1)
+	if o.Load != nil && (p.load != nil || pk.FlaggedWeight < 1 || o.Outlier.EjectFlagged) {
+		p.src = o.Load
+		p.ejectFlags = o.Outlier.EjectFlagged
+	}
 	return p
 }
+
+// weightScale is the unit of weights in least in-flight comparisons: a flagged endpoint's
+// weight is FlaggedWeight × weight, kept an integer.
+const weightScale = 1024
 
 // hrwKey derives an endpoint's rendezvous key from its URL key (FNV-1a, then mixed).
 func hrwKey(key string) uint64 {
@@ -196,7 +242,7 @@ func (c *Cluster) pickScored(exclude *Endpoint, prefix uint64, affinity bool) (*
 		affFresh      bool
 	)
 	for _, e := range c.endpoints {
-		if !c.usable(e.st, now) {
+		if !c.usable(e.st, now) || (p.src != nil && !c.refreshLoad(e, now)) {
 			continue
 		}
 		if e.st == ex {
@@ -206,9 +252,12 @@ func (c *Cluster) pickScored(exclude *Endpoint, prefix uint64, affinity bool) (*
 		// (in-flight+1)/weight: the load this request would join, so that among idle
 		// endpoints the higher weight wins, as in least in-flight.
 		inf := float64(max(e.st.inFlight.Load(), 0)+1) / float64(e.weight) * p.wInFlight
+		if e.flags.Load() != 0 {
+			inf /= p.flagW // a flagged endpoint keeps FlaggedWeight of its weight
+		}
 		sig, ok := 0.0, false
 		if p.load != nil {
-			sig, ok = c.signal(e, now)
+			sig, ok = c.signal(e)
 		}
 		if ok {
 			nFresh++
@@ -306,21 +355,36 @@ func (c *Cluster) pickScored(exclude *Endpoint, prefix uint64, affinity bool) (*
 // noSignal marks the absence of a signal in Endpoint.sig (a NaN).
 var noSignal = math.Float64bits(math.NaN())
 
-// signal returns e's signal term, waiting×WaitingWeight + kv×KVWeight, and whether e has a
-// fresh signal. It asks Options.Load at most once per LoadCache per endpoint (one caller
-// wins the refresh; the others use the previous value meanwhile).
-func (c *Cluster) signal(e *Endpoint, now int64) (float64, bool) {
+// refreshLoad brings e's cached signal term and flags up to date, asking Options.Load at most
+// once per LoadCache per endpoint (one caller wins the refresh; the others use the previous
+// values meanwhile). A refresh that finds e flagged may eject it (Outlier.EjectFlagged): it
+// reports whether e is still usable.
+func (c *Cluster) refreshLoad(e *Endpoint, now int64) bool {
 	if until := e.sigUntil.Load(); now >= until && e.sigUntil.CompareAndSwap(until, now+c.pk.loadCache) {
-		bits := noSignal
-		if l, ok := c.pk.load.Get(e.raw); ok {
+		bits, flags := noSignal, Flags(0)
+		if l, ok := c.pk.src.Get(e.raw); ok {
 			// NaN, negative or infinite values: not a signal.
 			if s := l.Waiting*c.pk.wWaiting + l.KVCacheUsage*c.pk.wKV; s >= 0 && s <= math.MaxFloat64 &&
 				l.Waiting >= 0 && l.KVCacheUsage >= 0 {
 				bits = math.Float64bits(s)
 			}
+			flags = l.Flags & allFlags
 		}
 		e.sig.Store(bits)
+		if e.flags.Swap(uint32(flags)) != 0 && flags == 0 {
+			e.ejectSkipped.Store(false)
+		}
+		if flags != 0 && c.pk.ejectFlags {
+			c.ejectFlagged(e, flags, now)
+			return c.usable(e.st, now)
+		}
 	}
+	return true
+}
+
+// signal returns e's cached signal term, waiting×WaitingWeight + kv×KVWeight, and whether
+// e has a fresh signal (see refreshLoad).
+func (c *Cluster) signal(e *Endpoint) (float64, bool) {
 	v := math.Float64frombits(e.sig.Load())
 	return v, v == v
 }

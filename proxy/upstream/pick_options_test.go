@@ -22,10 +22,13 @@ func TestValidatePicking(t *testing.T) {
 		{"affinity off", nil, Picking{DisableAffinity: true}, nil},
 		{"load aware without load", nil, Picking{Strategy: StrategyLoadAware},
 			[]string{"picking.strategy: load_aware needs a load source"}},
+		{"flagged weight NaN", src, Picking{FlaggedWeight: math.NaN()}, []string{"picking.flagged_weight: must be within 0..1 (0 means 0.1), got NaN"}},
 		{"unknown strategy", src, Picking{Strategy: "random"}, []string{`picking.strategy: must be "least_inflight" or "load_aware", got "random"`}},
+		{"flagged weight 1", src, Picking{FlaggedWeight: 1}, nil},
 		{"bad numbers", src, Picking{InFlightWeight: -1, WaitingWeight: math.NaN(), KVWeight: math.Inf(1),
-			AffinityMaxLoad: -2, AffinityMinPrefix: -1},
+			AffinityMaxLoad: -2, AffinityMinPrefix: -1, FlaggedWeight: 1.5},
 			[]string{
+				"picking.flagged_weight: must be within 0..1 (0 means 0.1), got 1.5",
 				"picking.inflight_weight: must be between 0 and 1e+06, got -1",
 				"picking.waiting_weight: must be between 0 and 1e+06, got NaN",
 				"picking.kv_weight: must be between 0 and 1e+06, got +Inf",
@@ -67,13 +70,15 @@ func TestPickingDefaults(t *testing.T) {
 		read bool // the picker reads the source
 	}{
 		{"no load", nil, Picking{},
-			Picking{Strategy: StrategyLeastInFlight, InFlightWeight: 1, WaitingWeight: 1, KVWeight: 4, AffinityMaxLoad: 2, AffinityMinPrefix: 256, LoadCache: DefaultLoadCache}, false},
+			Picking{Strategy: StrategyLeastInFlight, InFlightWeight: 1, WaitingWeight: 1, KVWeight: 4, AffinityMaxLoad: 2, AffinityMinPrefix: 256, LoadCache: DefaultLoadCache, FlaggedWeight: DefaultFlaggedWeight}, false},
 		{"load", src, Picking{},
-			Picking{Strategy: StrategyLoadAware, InFlightWeight: 1, WaitingWeight: 1, KVWeight: 4, AffinityMaxLoad: 2, AffinityMinPrefix: 256, LoadCache: DefaultLoadCache}, true},
+			Picking{Strategy: StrategyLoadAware, InFlightWeight: 1, WaitingWeight: 1, KVWeight: 4, AffinityMaxLoad: 2, AffinityMinPrefix: 256, LoadCache: DefaultLoadCache, FlaggedWeight: DefaultFlaggedWeight}, true},
 		{"load, least in-flight asked", src, Picking{Strategy: StrategyLeastInFlight},
-			Picking{Strategy: StrategyLeastInFlight, InFlightWeight: 1, WaitingWeight: 1, KVWeight: 4, AffinityMaxLoad: 2, AffinityMinPrefix: 256, LoadCache: DefaultLoadCache}, false},
+			Picking{Strategy: StrategyLeastInFlight, InFlightWeight: 1, WaitingWeight: 1, KVWeight: 4, AffinityMaxLoad: 2, AffinityMinPrefix: 256, LoadCache: DefaultLoadCache, FlaggedWeight: DefaultFlaggedWeight}, false},
 		{"one weight set keeps the others at zero", src, Picking{WaitingWeight: 3, AffinityMaxLoad: 0.5, AffinityMinPrefix: 1, LoadCache: -1},
-			Picking{Strategy: StrategyLoadAware, WaitingWeight: 3, AffinityMaxLoad: 0.5, AffinityMinPrefix: 1, LoadCache: -1}, true},
+			Picking{Strategy: StrategyLoadAware, WaitingWeight: 3, AffinityMaxLoad: 0.5, AffinityMinPrefix: 1, LoadCache: -1, FlaggedWeight: DefaultFlaggedWeight}, true},
+		{"flagged weight kept", src, Picking{FlaggedWeight: 0.5},
+			Picking{Strategy: StrategyLoadAware, InFlightWeight: 1, WaitingWeight: 1, KVWeight: 4, AffinityMaxLoad: 2, AffinityMinPrefix: 256, LoadCache: DefaultLoadCache, FlaggedWeight: 0.5}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

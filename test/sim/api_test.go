@@ -676,7 +676,7 @@ func TestValidate(t *testing.T) {
 	bad := Config{
 		Model: "two words", TTFT: -1, PrefillPerToken: -1, ITL: -1, ITLPerRunning: -1, MaxRunning: -1,
 		KVTokens: -1, TokensPerEvent: -1, MaxTokensDefault: 100, MaxModelLen: 50, ErrorRate5xx: 1.5, ErrorRate429: math.NaN(),
-		Delay: -1, DelayJitter: -1, TimeScale: -2, EmbeddingDim: maxEmbeddingDim + 1,
+		Delay: -1, DelayJitter: -1, TimeScale: -2, EmbeddingDim: maxEmbeddingDim + 1, LeakKVPerRequest: -1, Slowdown: math.NaN(),
 	}
 	err := bad.Validate()
 	if err == nil {
@@ -684,7 +684,7 @@ func TestValidate(t *testing.T) {
 	}
 	for _, field := range []string{"Model", "TTFT", "PrefillPerToken", "ITL:", "ITLPerRunning", "MaxRunning", "KVTokens",
 		"TokensPerEvent", "MaxTokensDefault (100): must be <= MaxModelLen (50)", "ErrorRate5xx", "ErrorRate429", "Delay:", "DelayJitter",
-		"TimeScale", "EmbeddingDim"} {
+		"TimeScale", "EmbeddingDim", "LeakKVPerRequest", "Slowdown"} {
 		if !strings.Contains(err.Error(), field) {
 			t.Errorf("error does not mention %s:\n%v", field, err)
 		}
@@ -696,7 +696,8 @@ func TestValidate(t *testing.T) {
 	s := New(bad)
 	defer s.Close()
 	c := s.Config()
-	if c.MaxRunning != DefaultMaxRunning || c.TimeScale != 1 || c.ErrorRate5xx != 1 || c.ErrorRate429 != 0 || c.EmbeddingDim != maxEmbeddingDim {
+	if c.MaxRunning != DefaultMaxRunning || c.TimeScale != 1 || c.ErrorRate5xx != 1 || c.ErrorRate429 != 0 || c.EmbeddingDim != maxEmbeddingDim ||
+		c.LeakKVPerRequest != 0 || c.Slowdown != 1 {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }

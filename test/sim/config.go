@@ -52,6 +52,18 @@ type Config struct {
 	// NoHealth makes GET /health answer 404 (not_found), like servers that have none
 	// (Ollama, some proxies); /v1/models keeps answering.
 	NoHealth bool
+
+	// State knobs (see the package doc; Server.SetKVLeak and Server.SetSlowdown change them
+	// at run time).
+	//
+	// LeakKVPerRequest: KV-cache tokens each finished sequence leaves in use, never freed: the
+	// reported KV use stays up after requests finish and grows with each one (up to the whole
+	// cache), and admission has that much less room, as with a server that leaks blocks.
+	LeakKVPerRequest int
+	// Slowdown multiplies the time of every engine step (0 means 1; +Inf pauses the engine):
+	// throughput falls while requests keep queueing, as on a stalling server. It needs the
+	// scheduler (some simulated latency: on the fast path there are no steps to slow).
+	Slowdown float64
 }
 
 // Validate reports every problem of c at once (joined with errors.Join), or nil. Zero values
@@ -87,6 +99,7 @@ func (c Config) Validate() error {
 	}{
 		{"MaxRunning", c.MaxRunning}, {"KVTokens", c.KVTokens}, {"TokensPerEvent", c.TokensPerEvent},
 		{"MaxTokensDefault", c.MaxTokensDefault}, {"MaxModelLen", c.MaxModelLen}, {"EmbeddingDim", c.EmbeddingDim},
+		{"LeakKVPerRequest", c.LeakKVPerRequest},
 	} {
 		if n.v < 0 {
 			bad("%s: must be >= 0 (0 means default), got %d", n.name, n.v)
@@ -110,6 +123,9 @@ func (c Config) Validate() error {
 	}
 	if math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) || c.TimeScale < 0 {
 		bad("TimeScale: must be a finite number >= 0 (0 means 1), got %v", c.TimeScale)
+	}
+	if math.IsNaN(c.Slowdown) || c.Slowdown < 0 {
+		bad("Slowdown: must be a number >= 0 (0 means 1, +Inf pauses the engine), got %v", c.Slowdown)
 	}
 	if c.MaxTokensDefault >= 0 && c.MaxModelLen >= 0 {
 		mt, ml := c.MaxTokensDefault, c.MaxModelLen
@@ -165,7 +181,30 @@ func (c Config) withDefaults() Config {
 	if math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) || c.TimeScale <= 0 {
 		c.TimeScale = DefaultTimeScale
 	}
+	if c.LeakKVPerRequest < 0 {
+		c.LeakKVPerRequest = 0
+	}
+	c.Slowdown = slowdownOrOne(c.Slowdown)
 	return c
+}
+
+// slowdownOrOne is f, or 1 for values that mean no slowdown (0, negative, NaN).
+func slowdownOrOne(f float64) float64 {
+	if math.IsNaN(f) || f <= 0 {
+		return 1
+	}
+	return f
+}
+
+// slowBy multiplies a real step time by a finite slowdown factor.
+func slowBy(d time.Duration, f float64) time.Duration {
+	if f == 1 || d <= 0 {
+		return d
+	}
+	if x := float64(d) * f; x < math.MaxInt64 {
+		return time.Duration(x)
+	}
+	return time.Duration(math.MaxInt64)
 }
 
 // fastPath reports whether the configuration has no simulated latency at all, in which case

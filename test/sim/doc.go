@@ -159,9 +159,17 @@
 // at once, its KV cache freed, and counted in Stats().Cancelled (finished_reason "abort" in
 // the metrics).
 //
-// vllm:kv_cache_usage_perc reports prompt + generated tokens of the running sequences over
-// KVTokens; admission uses the reservation (prompt + max output tokens), so usage can read
+// vllm:kv_cache_usage_perc reports prompt + generated tokens of the running sequences (plus
+// any leaked, see below) over KVTokens; admission uses the reservation (prompt + max output tokens), so usage can read
 // below 1 while the queue waits for KV space.
+//
+// State knobs, for a gateway's model-server checks. KV-cache leak: LeakKVPerRequest tokens of
+// KV cache stay in use after each finished sequence (on the fast path too), never freed:
+// vllm:kv_cache_usage_perc stays up with nothing running and grows with each request, up to
+// the whole cache, and admission has that much less room; SetKVLeak sets the leaked amount
+// (0 frees it, as a restart would). Stall: every step's time is multiplied by Slowdown
+// (SetSlowdown at run time re-times the step under way; +Inf pauses the engine until a finite
+// factor is set), so throughput falls while requests keep queueing; it needs the scheduler.
 //
 // Fast path: when TTFT, PrefillPerToken, ITL, ITLPerRunning, Delay and DelayJitter are all
 // zero, no scheduler runs; handlers generate answers inline (MaxRunning and KV admission do

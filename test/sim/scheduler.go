@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -126,6 +127,7 @@ func (s *Server) syncGaugesLocked() {
 	s.nWaiting.Store(int64(len(s.waiting)))
 	s.nKVUsed.Store(int64(s.kvUsed))
 	s.nKVReserved.Store(int64(s.kvReserved))
+	s.nKVLeaked.Store(int64(s.kvLeaked))
 	s.maxRunningSeen = max(s.maxRunningSeen, len(s.running))
 	s.maxWaitingSeen = max(s.maxWaitingSeen, len(s.waiting))
 }
@@ -137,8 +139,9 @@ func (s *Server) syncGaugesLocked() {
 //	Σ (TTFT + PrefillPerToken·prompt) over the admitted sequences
 //	+ ITL + ITLPerRunning·(decoding−1)   if any sequence is decoding
 //
-// times TimeScale; its tokens are delivered when it ends. When nothing is running or
-// waiting the loop blocks on the wake channel.
+// times TimeScale and the slowdown factor (SetSlowdown; re-timed when it changes, +Inf: the
+// step waits until a finite factor is set); its tokens are delivered when it ends. When
+// nothing is running or waiting the loop blocks on the wake channel.
 func (s *Server) loop() {
 	defer s.wg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -157,7 +160,7 @@ func (s *Server) loop() {
 		admitted := 0
 		for len(s.waiting) > 0 && len(s.running) < s.cfg.MaxRunning {
 			q := s.waiting[0]
-			if s.kvReserved+q.reserve > s.cfg.KVTokens {
+			if s.kvReserved+s.kvLeaked+q.reserve > s.cfg.KVTokens {
 				break // head-of-line: FIFO, like vLLM's FCFS policy
 			}
 			s.waiting[0] = nil
@@ -189,26 +192,48 @@ func (s *Server) loop() {
 		case base.Before(now.Add(-maxLag)):
 			base = now.Add(-maxLag)
 		}
-		end := base.Add(s.cfg.scale(d))
-		if wait := time.Until(end); wait > 0 {
-			timer.Reset(wait)
-			select {
-			case <-timer.C:
-			case <-s.stop:
-				return
-			}
-		} else {
-			select {
-			case <-s.stop:
-				return
-			default:
-			}
+		end, ok := s.waitStep(timer, base, s.cfg.scale(d))
+		if !ok {
+			return
 		}
 		base = end
 
 		s.mu.Lock()
 		s.stepDoneLocked(time.Now())
 		s.mu.Unlock()
+	}
+}
+
+// waitStep waits for the end of a step begun at base that lasts d times the slowdown factor,
+// re-timing it whenever SetSlowdown changes the factor (an infinite factor waits for the
+// next change). It returns the step's end, or false when the server is closing.
+func (s *Server) waitStep(timer *time.Timer, base time.Time, d time.Duration) (time.Time, bool) {
+	for {
+		f := s.slowdownFactor()
+		var tick <-chan time.Time
+		end := base
+		if !math.IsInf(f, 1) {
+			end = base.Add(slowBy(d, f))
+			wait := time.Until(end)
+			if wait <= 0 {
+				select {
+				case <-s.stop:
+					return end, false
+				default:
+					return end, true
+				}
+			}
+			timer.Reset(wait)
+			tick = timer.C
+		}
+		select {
+		case <-tick:
+			return end, true
+		case <-s.retime:
+			timer.Stop()
+		case <-s.stop:
+			return end, false
+		}
 	}
 }
 
@@ -259,6 +284,9 @@ func (s *Server) finishLocked(q *seq, now time.Time) {
 	q.state = stDone
 	s.kvReserved -= q.reserve
 	s.kvUsed -= q.prompt + int(q.generated.Load())
+	if q.outLen > 0 {
+		s.leakLocked()
+	}
 	q.finished.Store(true)
 	s.metrics.e2e.Observe(now.Sub(q.job.arrival).Seconds())
 	s.metrics.finished(q.finish)

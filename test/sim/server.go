@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -33,6 +34,8 @@ type Server struct {
 	promptTokens, genTokens                       atomic.Int64
 	fastRunning, fastPeak                         atomic.Int64
 	nRunning, nWaiting, nKVUsed, nKVReserved      atomic.Int64
+	nKVLeaked                                     atomic.Int64
+	slowdown                                      atomic.Uint64 // float64 bits: Config.Slowdown, then SetSlowdown
 
 	// Engine state, guarded by mu.
 	mu             sync.Mutex
@@ -40,6 +43,7 @@ type Server struct {
 	running        []*seq
 	kvReserved     int // Σ prompt + max output tokens of running sequences (admission)
 	kvUsed         int // Σ prompt + generated tokens of running sequences (usage gauge)
+	kvLeaked       int // tokens leaked by finished sequences (LeakKVPerRequest, SetKVLeak)
 	maxRunningSeen int
 	maxWaitingSeen int
 	closed         bool
@@ -48,6 +52,7 @@ type Server struct {
 
 	embedSlot chan struct{} // the one embedding engine: held for an embeddings request's cost
 	wake      chan struct{}
+	retime    chan struct{} // SetSlowdown: the step under way is re-timed
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -70,8 +75,10 @@ func New(cfg Config) *Server {
 		rng:       rand.New(rand.NewPCG(uint64(cfg.Seed), 0x51a1ce)),
 		embedSlot: make(chan struct{}, 1),
 		wake:      make(chan struct{}, 1),
+		retime:    make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 	}
+	s.slowdown.Store(math.Float64bits(cfg.Slowdown))
 	s.metrics = newMetrics(s)
 	if !s.fast {
 		s.wg.Add(1)
@@ -113,7 +120,9 @@ type Stats struct {
 	GenerationTokens int64   // output tokens generated
 	KVUsedTokens     int     // prompt + generated tokens of the running sequences
 	KVReservedTokens int     // prompt + max output tokens of the running sequences (admission control)
-	KVUsage          float64 // KVUsedTokens / KVTokens, as in vllm:kv_cache_usage_perc
+	KVLeakedTokens   int     // KV cache leaked by finished sequences (LeakKVPerRequest, SetKVLeak)
+	KVUsage          float64 // (KVUsedTokens + KVLeakedTokens) / KVTokens, as in vllm:kv_cache_usage_perc
+	Slowdown         float64 // the engine's step-time factor now (Config.Slowdown, SetSlowdown)
 }
 
 // Stats returns a snapshot of the counters.
@@ -135,13 +144,50 @@ func (s *Server) Stats() Stats {
 		GenerationTokens: s.genTokens.Load(),
 		KVUsedTokens:     int(s.nKVUsed.Load()),
 		KVReservedTokens: int(s.nKVReserved.Load()),
+		KVLeakedTokens:   int(s.nKVLeaked.Load()),
 		KVUsage:          s.kvUsage(),
+		Slowdown:         s.slowdownFactor(),
 	}
 }
 
 func (s *Server) kvUsage() float64 {
-	return min(1, float64(s.nKVUsed.Load())/float64(s.cfg.KVTokens))
+	return min(1, float64(s.nKVUsed.Load()+s.nKVLeaked.Load())/float64(s.cfg.KVTokens))
 }
+
+// SetKVLeak sets the KV cache the server has leaked, in tokens (clamped to 0..KVTokens): it
+// counts in the reported KV use and takes room from admission until set again; 0 frees it,
+// as a restart would. Finished sequences keep adding LeakKVPerRequest to it.
+func (s *Server) SetKVLeak(tokens int) {
+	s.mu.Lock()
+	s.kvLeaked = min(max(tokens, 0), s.cfg.KVTokens)
+	s.syncGaugesLocked()
+	s.mu.Unlock()
+	select { // admission may have room again
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// leakLocked leaks LeakKVPerRequest tokens for one finished sequence.
+func (s *Server) leakLocked() {
+	if n := s.cfg.LeakKVPerRequest; n > 0 {
+		s.kvLeaked = min(s.kvLeaked+n, s.cfg.KVTokens)
+	}
+}
+
+// SetSlowdown sets the factor every engine step's time is multiplied by, from the step under
+// way on (re-timed at once): 1 is normal speed, 10 a tenth of the throughput, +Inf pauses the
+// engine until a finite factor is set (0, negative and NaN mean 1). Requests keep arriving
+// and queueing meanwhile. Without the scheduler (the fast path) it has no effect.
+func (s *Server) SetSlowdown(f float64) {
+	s.slowdown.Store(math.Float64bits(slowdownOrOne(f)))
+	select {
+	case s.retime <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Server) slowdownFactor() float64 { return math.Float64frombits(s.slowdown.Load()) }
 
 func (s *Server) randUint64() uint64 {
 	s.rngMu.Lock()
@@ -538,6 +584,14 @@ func (s *Server) runInline(w http.ResponseWriter, p *plan, st *streamer, arrival
 	for i := range p.choices {
 		m.e2e.Observe(e2e)
 		m.finished(p.choices[i].finish)
+	}
+	if s.cfg.LeakKVPerRequest > 0 && p.ep != epEmbeddings {
+		s.mu.Lock()
+		for range p.choices {
+			s.leakLocked()
+		}
+		s.syncGaugesLocked()
+		s.mu.Unlock()
 	}
 	return err
 }
