@@ -96,7 +96,8 @@ type textGen struct {
 	n       int      // tokens to produce in total
 	finish  string   // "stop" or "length"
 	rng     splitmix
-	i       int // index of the next token
+	i       int    // index of the next token
+	lpSeed  uint64 // seeds the tokens' simulated distributions (logprobs.go)
 }
 
 // newTextGen plans an answer of at most maxTokens tokens for a request hashed to h.
@@ -104,7 +105,7 @@ type textGen struct {
 // EOS point equal to max means no EOS was reached (finish "length"). Markers are never cut
 // by EOS, only by maxTokens.
 func newTextGen(h uint64, markers []string, maxTokens int, ignoreEOS bool) textGen {
-	g := textGen{markers: markers, n: maxTokens, finish: "length", rng: splitmix(h)}
+	g := textGen{markers: markers, n: maxTokens, finish: "length", rng: splitmix(h), lpSeed: mix64(h ^ lpSeedSalt)}
 	if !ignoreEOS && maxTokens > 0 {
 		half := (maxTokens + 1) / 2
 		eos := half + int(mix64(h^0x5eed)%uint64(maxTokens-half+1))
