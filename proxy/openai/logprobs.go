@@ -451,6 +451,9 @@ func readLogprob(c *cur) (float64, bool) {
 	if !ok {
 		return 0, false
 	}
+	if v, ok := parseDecimal(s); ok {
+		return min(v, 0), true
+	}
 	// A number of up to 32 bytes converts on the stack: the conversion does not escape
 	// (ParseFloat copies the text into its error, when it makes one).
 	v, err := strconv.ParseFloat(string(s), 64)
@@ -458,6 +461,86 @@ func readLogprob(c *cur) (float64, bool) {
 		return 0, false
 	}
 	return min(v, 0), true
+}
+
+// pow10 are the powers of ten a float64 holds exactly.
+var pow10 = [...]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+	1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
+
+// parseDecimal is the fast path of readLogprob for the numbers model servers write
+// (-0.31326165795326233, -1.2e-05, -9999.0): the first 15 significant digits as an integer
+// m, so that m and the power of ten are exact and m/10^k is m/10^k correctly rounded. The
+// digits past the 15th are dropped, an error below 10^-14 relative, far finer than what
+// entropy and margin are read for. It reports false for a number it cannot do exactly
+// this way (an exponent out of reach), which ParseFloat then reads. s is a valid JSON
+// number.
+func parseDecimal(s []byte) (float64, bool) {
+	const maxDigits = 15
+	i, neg := 0, false
+	if i < len(s) && s[i] == '-' {
+		neg = true
+		i++
+	}
+	var m uint64
+	nd, exp := 0, 0
+	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+		switch {
+		case m == 0 && s[i] == '0':
+		case nd < maxDigits:
+			m = m*10 + uint64(s[i]-'0')
+			nd++
+		default:
+			exp++
+		}
+	}
+	if i < len(s) && s[i] == '.' {
+		for i++; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+			switch {
+			case m == 0 && s[i] == '0':
+				exp--
+			case nd < maxDigits:
+				m = m*10 + uint64(s[i]-'0')
+				nd++
+				exp--
+			}
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		eneg := false
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			eneg = s[i] == '-'
+			i++
+		}
+		e := 0
+		for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+			if e > 1000 {
+				return 0, false
+			}
+			e = e*10 + int(s[i]-'0')
+		}
+		if eneg {
+			e = -e
+		}
+		exp += e
+	}
+	if i != len(s) {
+		return 0, false
+	}
+	v := float64(m)
+	switch {
+	case m == 0:
+	case exp < 0 && exp >= -len(pow10)+1:
+		v /= pow10[-exp]
+	case exp >= 0 && exp < len(pow10):
+		v *= pow10[exp]
+	default:
+		return 0, false
+	}
+	if neg {
+		v = -v
+	}
+	return v, true
 }
 
 // alts accumulates a token's alternatives in one pass: the entropy of their renormalised

@@ -516,6 +516,7 @@ func BenchmarkLogprobScan(b *testing.B) {
 			buf := make([]byte, 0, len(data))
 			b.SetBytes(int64(len(data)))
 			b.ReportAllocs()
+			cpu0 := cpuTime()
 			for b.Loop() {
 				if sc.ScanBody(data, visit) != bc.tokens {
 					b.Fatal("tokens missed")
@@ -525,9 +526,40 @@ func BenchmarkLogprobScan(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*bc.tokens), "ns/token")
+			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N*bc.tokens), "cpu-ns/token")
 			if sum == 0 {
 				b.Fatal("nothing read")
 			}
 		})
+	}
+}
+
+func TestParseDecimal(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	cases := []string{"0", "-0", "-0.0", "-9999.0", "-9999", "-1.2e-05", "-1.2E-5", "-0.31326165795326233", "-1e-22", "-12345678901234567890",
+		"-0.000000000000000000000000001", "-5e+2", "-1e22", "-1e23", "-1e-23", "-123.456e-7", "-0.1e1", "-99999999999999999999.5"}
+	for range 5000 {
+		v := -math.Exp(rng.NormFloat64() * 6)
+		cases = append(cases, strconv.FormatFloat(v, 'g', -1, 64), strconv.FormatFloat(float64(float32(v)), 'g', -1, 64),
+			strconv.FormatFloat(v, 'f', -1, 64), strconv.FormatFloat(v, 'e', 3, 64))
+	}
+	// What model servers write is read by the fast path.
+	for _, c := range []string{"-9999.0", "-1.2e-05", "-0.31326165795326233", "-0.0031", "-12.5", "0", "-3.0517578125e-05"} {
+		if _, ok := parseDecimal([]byte(c)); !ok {
+			t.Errorf("%s: not on the fast path", c)
+		}
+	}
+	for _, c := range cases {
+		want, err := strconv.ParseFloat(c, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := parseDecimal([]byte(c))
+		if !ok {
+			continue // ParseFloat reads it
+		}
+		if math.Abs(got-want) > 1e-14*math.Abs(want) {
+			t.Errorf("%s: %v, want %v", c, got, want)
+		}
 	}
 }
