@@ -77,7 +77,9 @@ func (st *state) limiters() []namedLimiter {
 //	GET  /admin/breakers        every guard's breakers (state, counts) and degradation level
 //	POST /admin/breakers/reset  reset the breakers of ?tenant=T (all tenants without it), on ?route=R (all routes without it)
 //	GET  /admin/ratelimits      every rate limiter's counters and buckets
+//	GET  /admin/confidence      every confidence policy's distributions and low-confidence spans
 func (s *Server) policyRoutes(mux *http.ServeMux) {
+	s.confidenceRoutes(mux)
 	mux.Handle("GET /admin/breakers", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
 		out := []guard.Snapshot{}
 		for _, g := range s.state.Load().guards() {

@@ -79,6 +79,7 @@ type Server struct {
 	shadowReg     metric.Registration
 	connReg       metric.Registration
 	waits         *waitCollector
+	confidence    *confidenceCollector
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
 	// and this host's GPUs.
@@ -214,6 +215,10 @@ func New(opts Options) (*Server, error) {
 	s.waits = newWaitCollector(s)
 	if err := s.tel.Registry().Register(s.waits); err != nil {
 		return nil, fmt.Errorf("concurrency wait metrics: %w", err)
+	}
+	s.confidence = newConfidenceCollector(s)
+	if err := s.tel.Registry().Register(s.confidence); err != nil {
+		return nil, fmt.Errorf("confidence metrics: %w", err)
 	}
 	return s, nil
 }
@@ -735,6 +740,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 	_ = s.shadowReg.Unregister()
 	_ = s.connReg.Unregister()
 	s.tel.Registry().Unregister(s.waits)
+	s.tel.Registry().Unregister(s.confidence)
 	_ = s.scraper.Close()
 	if s.devices != nil {
 		_ = s.devices.Close()
