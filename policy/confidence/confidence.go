@@ -423,7 +423,7 @@ func (w *watcher) Event(ev policy.StreamEvent) policy.StreamAction {
 		return policy.StreamAction{}
 	}
 	w.buf = w.buf[:0]
-	if off := bytes.Index(ev.Raw, ev.Data); off >= 0 {
+	if off := dataOffset(ev.Raw, ev.Data); off >= 0 {
 		// One data line (every OpenAI-compatible server's): the event as it came, but for
 		// the logprobs.
 		w.buf = append(w.buf, ev.Raw[:off]...)
@@ -440,6 +440,27 @@ func (w *watcher) Event(ev policy.StreamEvent) policy.StreamAction {
 	}
 	w.stripped++
 	return policy.StreamAction{Replace: w.buf}
+}
+
+// dataOffset is where data lies in raw as the value of a "data:" line (an event of one data
+// line), or -1.
+func dataOffset(raw, data []byte) int {
+	for from := 0; from < len(raw); {
+		i := bytes.Index(raw[from:], data)
+		if i < 0 {
+			return -1
+		}
+		off := from + i
+		line := raw[:off]
+		if j := bytes.LastIndexAny(line, "\r\n"); j >= 0 {
+			line = line[j+1:]
+		}
+		if string(line) == "data:" || string(line) == "data: " {
+			return off
+		}
+		from = off + 1
+	}
+	return -1
 }
 
 // token takes one token into account.

@@ -547,6 +547,24 @@ func TestMultilineData(t *testing.T) {
 	}
 }
 
+func TestDataOffset(t *testing.T) {
+	for _, tc := range []struct {
+		raw, data string
+		want      int
+	}{
+		{"data: {}\n\n", "{}", 6},
+		{"data:{}\n\n", "{}", 5},
+		{"event: {}\ndata: {}\n\n", "{}", 16},
+		{": {} comment\r\ndata: {}\r\n\r\n", "{}", 20},
+		{"data: {\ndata: }\n\n", "{\n}", -1},
+		{"id: 1\n\n", "{}", -1},
+	} {
+		if got := dataOffset([]byte(tc.raw), []byte(tc.data)); got != tc.want {
+			t.Errorf("%q in %q: %d, want %d", tc.data, tc.raw, got, tc.want)
+		}
+	}
+}
+
 // TestLessConfidentModel: the series tell a flatter model from a surer one.
 func TestLessConfidentModel(t *testing.T) {
 	mean := func(temp float64) (entropy, margin float64, spans uint64) {
