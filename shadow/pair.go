@@ -104,6 +104,8 @@ type Answer struct {
 	// Truncated: the capture of the answer hit its bound, so its text and tool calls are
 	// incomplete and are not compared (latencies, status and finish still are).
 	Truncated bool
+	// Confidence summarises the logprobs of its first choice, when it carried them.
+	Confidence Confidence
 }
 
 // OK reports whether the answer succeeded.
@@ -124,6 +126,8 @@ type SideResult struct {
 	ToolCallChecked bool
 	ToolCallBroken  bool
 	Problems        []string
+	// Confidence is the answer's (an OK, whole answer that carried logprobs; else zero).
+	Confidence Confidence
 }
 
 // PairResult is the comparison of a candidate answer against the primary's.
@@ -227,6 +231,9 @@ func (c *SchemaCache) side(req Request, a Answer, note func(string)) SideResult 
 	s.AbnormalFinish = req.abnormal(a)
 	if a.Truncated {
 		return s
+	}
+	if a.Confidence.Valid() {
+		s.Confidence = a.Confidence
 	}
 	broke := func(b *bool, format string, args ...any) {
 		*b = true
@@ -506,6 +513,9 @@ func AnswerFromChat(body []byte) (Answer, error) {
 		a.ErrorClass = "upstream_error"
 		return a, nil
 	}
+	cf := newConfidenceOf()
+	cf.body(body)
+	a.Confidence = cf.result()
 	if b.Usage != nil {
 		a.OutputTokens = b.Usage.CompletionTokens
 	}
@@ -561,6 +571,7 @@ func AnswerFromSSE(stream []byte) (Answer, error) {
 	var calls []*frag
 	byIndex := map[int]*frag{}
 	var rs responsesStream
+	cf := newConfidenceOf()
 	sc := bufio.NewScanner(bytes.NewReader(stream))
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	for sc.Scan() {
@@ -577,9 +588,11 @@ func AnswerFromSSE(stream []byte) (Answer, error) {
 			break
 		}
 		var b streamEvent
-		if err := json.Unmarshal([]byte(data), &b); err != nil {
+		raw := []byte(data)
+		if err := json.Unmarshal(raw, &b); err != nil {
 			return Answer{}, fmt.Errorf("shadow: stream event: %w", err)
 		}
+		cf.chunk(raw)
 		if isError(b.Error) {
 			a.ErrorClass = "stream_error"
 			continue
@@ -624,6 +637,7 @@ func AnswerFromSSE(stream []byte) (Answer, error) {
 	if err := sc.Err(); err != nil {
 		return Answer{}, fmt.Errorf("shadow: stream: %w", err)
 	}
+	a.Confidence = cf.result()
 	if rs.seen {
 		rs.answer(&a)
 		return a, nil
@@ -758,6 +772,9 @@ func AnswerFromResponse(body []byte) (Answer, error) {
 	if a.ErrorClass != "" {
 		return Answer{ErrorClass: a.ErrorClass}, nil
 	}
+	cf := newConfidenceOf()
+	cf.body(body)
+	a.Confidence = cf.result()
 	return a, nil
 }
 
@@ -939,6 +956,7 @@ type Accumulator struct {
 	loads                   ring[[2]float64] // (reference, candidate) in flight per endpoint
 	sim, noise              ring[float64]
 	flags                   ring[[3]uint8] // primary, baseline (0 without), candidate
+	conf                    ring[confidencePair]
 	pairs, replicas         int64
 	triples                 int64
 }
@@ -957,6 +975,7 @@ func NewAccumulator(window int) *Accumulator {
 		*r = newRing[[2]float64](window)
 	}
 	a.flags = newRing[[3]uint8](window)
+	a.conf = newRing[confidencePair](window)
 	return a
 }
 
@@ -1018,6 +1037,13 @@ func (a *Accumulator) Add(r PairResult) {
 		}
 	}
 	a.flags.add(fl)
+	ref := r.Primary
+	if r.Baseline != nil {
+		ref = *r.Baseline
+	}
+	if ref.OK && r.Candidate.OK && ref.Confidence.Valid() && r.Candidate.Confidence.Valid() {
+		a.conf.add(confidencePair{ref: ref.Confidence, cand: r.Candidate.Confidence, triple: r.Baseline != nil})
+	}
 	if l := r.Loads; l.Valid {
 		ref := l.Primary
 		if r.Baseline != nil {
@@ -1070,6 +1096,13 @@ func (a *Accumulator) Input() Input {
 	if baseline {
 		in.Baseline = &Arm{TTFT: a.bTTFT.values(), ITL: a.bITL.values(), E2E: a.bE2E.values()}
 		in.Paired = Paired{TTFT: a.pairTTFT.values(), ITL: a.pairITL.values(), E2E: a.pair.values()}
+	}
+	for _, c := range a.conf.values() {
+		if baseline && !c.triple {
+			continue // a pair from before the baseline: judged against the primary
+		}
+		in.Confidence.Entropy = append(in.Confidence.Entropy, [2]float64{c.ref.MeanEntropy, c.cand.MeanEntropy})
+		in.Confidence.LowMargin = append(in.Confidence.LowMargin, [2]float64{c.ref.LowMargin, c.cand.LowMargin})
 	}
 	for _, f := range flags {
 		count(&in.Primary, f[0])

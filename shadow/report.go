@@ -532,6 +532,10 @@ func formatEffect(e Evidence) string {
 		return fmt.Sprintf("%+.1f%%", e.Effect*100)
 	case e.Metric == MetricSimilarity:
 		return fmt.Sprintf("%+.3f", e.Effect)
+	case e.Metric == MetricEntropy:
+		return fmt.Sprintf("%+.3f nats [%+.3f, %+.3f]", e.Effect, e.EffectLow, e.EffectHigh)
+	case e.Metric == MetricLowMargin:
+		return fmt.Sprintf("%+.2fpp [%+.2f, %+.2f]", e.Effect*100, e.EffectLow*100, e.EffectHigh*100)
 	default:
 		return fmt.Sprintf("%+.2fpp", e.Effect*100)
 	}
@@ -547,6 +551,8 @@ func formatBound(e Evidence) string {
 		return fmt.Sprintf("%.1f%%", e.Bound*100)
 	case e.Metric == MetricSimilarity:
 		return fmt.Sprintf("%.3f", e.Bound)
+	case e.Metric == MetricEntropy:
+		return fmt.Sprintf("%.3f nats", e.Bound)
 	default:
 		return fmt.Sprintf("%.2fpp", e.Bound*100)
 	}
@@ -570,6 +576,8 @@ func formatValue(e Evidence, v float64) string {
 		return "-"
 	case e.Metric == MetricSimilarity:
 		return fmt.Sprintf("%.3f", v)
+	case e.Metric == MetricEntropy:
+		return fmt.Sprintf("%.3f nats", v)
 	case isLatency(e):
 		return fmtNum(v) + "ms"
 	default:

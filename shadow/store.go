@@ -38,7 +38,7 @@ const (
 
 // SchemaVersion is the version of the store's tables this binary writes. A store
 // written by a newer binary is refused rather than misread.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // PairRecord is one stored mirrored pair, or triple: the redacted request, the primary's
 // and the candidate's answers (the baseline's, when the route has one; the replica's, when
@@ -217,6 +217,41 @@ func (s *Store) Close() error { return s.db.Close() }
 var answerCols = []string{"status", "error_class", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens", "finish_reason", "text", "tool_calls"}
 var checkCols = []string{"ok", "abnormal", "json_valid", "schema_checked", "schema_broken", "tool_checked", "tool_broken", "problems"}
 
+// confCols are a side's confidence (primary, baseline, candidate) as the comparison used it
+// (SideResult.Confidence; a baseline answer kept without its checks, the answer's): NULL when
+// its answer carried no logprobs to compare. A restored answer's Confidence is its side's. A
+// replica's is not kept (no verdict reads it).
+var confCols = []string{"conf_tokens", "mean_entropy", "low_margin"}
+
+func confDefs(p string) string {
+	return fmt.Sprintf(",\n\t%sconf_tokens INTEGER,\n\t%smean_entropy REAL,\n\t%slow_margin REAL", p, p, p)
+}
+
+func confValues(c Confidence) []any {
+	if !c.Valid() {
+		return []any{nil, nil, nil}
+	}
+	return []any{c.Tokens, c.MeanEntropy, c.LowMargin}
+}
+
+type confScan struct {
+	tokens             sql.NullInt64
+	entropy, lowMargin sql.NullFloat64
+}
+
+func (c *confScan) dest() []any { return []any{&c.tokens, &c.entropy, &c.lowMargin} }
+
+func (c *confScan) confidence() Confidence {
+	if !c.tokens.Valid || !c.entropy.Valid || !c.lowMargin.Valid {
+		return Confidence{}
+	}
+	v := Confidence{Tokens: int(c.tokens.Int64), MeanEntropy: c.entropy.Float64, LowMargin: c.lowMargin.Float64}
+	if !v.Valid() {
+		return Confidence{}
+	}
+	return v
+}
+
 func prefixed(p string, cols []string) []string {
 	out := make([]string, len(cols))
 	for i, c := range cols {
@@ -283,6 +318,8 @@ INSERT INTO meta (key, value) VALUES ('session_key', randomblob(32));`,
 	// floor) and the loads each side's cluster served when the request was sent to it.
 	addColumns("b_present INTEGER NOT NULL DEFAULT 0" + colDefs("b_") +
 		",\n\tnoise_similarity REAL,\n\tload_primary REAL,\n\tload_baseline REAL,\n\tload_candidate REAL"),
+	// 5: each side's confidence (its answer's logprobs summarised), a verdict metric.
+	addColumns(confDefs("p_") + confDefs("b_") + confDefs("c_")),
 }
 
 // addColumns turns a list of column definitions (as colDefs writes them, comma separated)
@@ -437,6 +474,13 @@ func baselineValues(a *Answer, chk *SideResult) (cols []string, vals []any, err 
 		}
 		cols, vals = append(cols, prefixed("b_", checkCols)...), append(vals, cv...)
 	}
+	// The confidence the comparison used (the checks'), else the answer's.
+	switch {
+	case chk != nil:
+		cols, vals = append(cols, prefixed("b_", confCols)...), append(vals, confValues(chk.Confidence)...)
+	case a != nil:
+		cols, vals = append(cols, prefixed("b_", confCols)...), append(vals, confValues(a.Confidence)...)
+	}
 	return cols, vals, nil
 }
 
@@ -500,6 +544,7 @@ func (s *Store) AddPair(ctx context.Context, r PairRecord) error {
 		}
 		cols = append(append(cols, prefixed(side.p, answerCols)...), prefixed(side.p, checkCols)...)
 		vals = append(append(vals, av...), cv...)
+		cols, vals = append(cols, prefixed(side.p, confCols)...), append(vals, confValues(side.chk.Confidence)...)
 	}
 	if r.Replica != nil {
 		av, err := answerValues(*r.Replica)
@@ -608,6 +653,9 @@ var pairSelect = func() string {
 	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate")
 	cols = append(append(cols, "b_present"), side("b_")...)
 	cols = append(cols, "noise_similarity", "load_primary", "load_baseline", "load_candidate")
+	for _, p := range []string{"p_", "b_", "c_"} {
+		cols = append(cols, prefixed(p, confCols)...)
+	}
 	return strings.Join(cols, ", ")
 }()
 
@@ -662,7 +710,8 @@ func (c *checkScan) dest() []any {
 func (c *checkScan) side(a Answer) (SideResult, error) {
 	s := SideResult{OK: c.ok.Bool, AbnormalFinish: c.abnormal.Bool, TTFT: a.TTFT, ITL: a.ITL, E2E: a.E2E,
 		OutputTokens: a.OutputTokens, JSONValid: c.jsonValid.Bool, SchemaChecked: c.schemaChecked.Bool,
-		SchemaBroken: c.schemaBroken.Bool, ToolCallChecked: c.toolChecked.Bool, ToolCallBroken: c.toolBroken.Bool}
+		SchemaBroken: c.schemaBroken.Bool, ToolCallChecked: c.toolChecked.Bool, ToolCallBroken: c.toolBroken.Bool,
+		Confidence: a.Confidence}
 	var err error
 	s.Problems, err = parseList(c.problems.String)
 	return s, err
@@ -694,6 +743,7 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 		namesMatch        sql.NullBool
 		notes             sql.NullString
 		reqID, sess, endp sql.NullString
+		pcf, bcf, ccf     confScan
 	)
 	dest := []any{&r.ID, &r.Route, &tsNS, &reqID, &sess, &endp, &req}
 	dest = append(append(dest, pa.dest()...), pc.dest()...)
@@ -702,6 +752,7 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 	dest = append(dest, &sim, &repSim, &namesMatch, &notes, &r.CandidateID)
 	dest = append(append(append(dest, &bPresent), ba.dest()...), bc.dest()...)
 	dest = append(append(dest, &noise), loads.dest()...)
+	dest = append(append(append(dest, pcf.dest()...), bcf.dest()...), ccf.dest()...)
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -736,6 +787,7 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 		SimilarityValid: sim.Valid,
 		ToolNamesMatch:  namesMatch.Bool,
 	}
+	r.Primary.Confidence, r.Candidate.Confidence = pcf.confidence(), ccf.confidence()
 	if res.Primary, err = pc.side(r.Primary); err != nil {
 		return r, fmt.Errorf("pair %d primary problems: %w", r.ID, err)
 	}
@@ -750,6 +802,7 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 		if err != nil {
 			return r, fmt.Errorf("pair %d baseline: %w", r.ID, err)
 		}
+		b.Confidence = bcf.confidence()
 		if ba.status.Valid { // else only the checks were kept (see baselineValues)
 			r.Baseline = &b
 		}
@@ -893,7 +946,7 @@ func (s *Store) Prune(ctx context.Context, route string, keep int) error {
 
 // restoreSelect reads only what Accumulator.Add and AddReplicaSimilarity need (no texts):
 // per side status … output_tokens and ok … tool_broken, the similarity, whether a baseline
-// answered, the loads and the noise-floor samples.
+// answered, the loads, the noise-floor samples and the sides' confidence.
 var restoreSelect = func() string {
 	var cols []string
 	side := func(p string) {
@@ -905,6 +958,9 @@ var restoreSelect = func() string {
 	cols = append(cols, "similarity", "b_present")
 	side("b_")
 	cols = append(cols, "load_primary", "load_baseline", "load_candidate", "noise_similarity", "replica_similarity")
+	for _, p := range []string{"p_", "b_", "c_"} {
+		cols = append(cols, prefixed(p, confCols)...)
+	}
 	return strings.Join(cols, ", ")
 }()
 
@@ -978,22 +1034,28 @@ func (s *Store) replay(ctx context.Context, route, candidate string, depth int, 
 			bPresent    sql.NullBool
 			loads       loadScan
 			noise, repl sql.NullFloat64
+			pcf, bcf    confScan
+			ccf         confScan
 		)
 		side := func(a *answerScan, c *checkScan) []any {
 			return append([]any{&a.status, &a.errClass, &a.ttft, &a.itl, &a.e2e, &a.tokens}, c.dest()[:7]...)
 		}
 		dest := append(append(side(&pa, &pc), side(&ca, &cc)...), &sim, &bPresent)
 		dest = append(append(dest, side(&ba, &bc)...), loads.dest()...)
-		if err := rows.Scan(append(dest, &noise, &repl)...); err != nil {
+		dest = append(dest, &noise, &repl)
+		dest = append(append(append(dest, pcf.dest()...), bcf.dest()...), ccf.dest()...)
+		if err := rows.Scan(dest...); err != nil {
 			return n, err
 		}
 		p, _ := pa.answer() // no tool calls or problems selected: cannot fail
 		c, _ := ca.answer()
+		p.Confidence, c.Confidence = pcf.confidence(), ccf.confidence()
 		ps, _ := pc.side(p)
 		cs, _ := cc.side(c)
 		r := PairResult{Primary: ps, Candidate: cs, Similarity: sim.Float64, SimilarityValid: sim.Valid, Loads: loads.loads()}
 		if bPresent.Bool && bc.ok.Valid {
 			b, _ := ba.answer()
+			b.Confidence = bcf.confidence()
 			bs, _ := bc.side(b)
 			r.Baseline = &bs
 			r.NoiseSimilarity, r.NoiseValid = noise.Float64, noise.Valid

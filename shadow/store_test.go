@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,10 +24,14 @@ func testPair(route string, i int, at time.Time, broken bool) PairRecord {
 	req := Request{ResponseFormat: FormatJSONObject}
 	p := Answer{Status: 200, TTFT: time.Duration(40+i) * time.Millisecond, ITL: 8 * time.Millisecond,
 		E2E: time.Duration(400+i) * time.Millisecond, OutputTokens: 50, FinishReason: "stop", Text: `{"answer": 42}`}
+	if i%5 != 3 { // most answers carried logprobs
+		p.Confidence = Confidence{Tokens: 50, MeanEntropy: 0.2 + 0.01*float64(i%7), LowMargin: 0.02 * float64(i%3)}
+	}
 	c := p
 	c.TTFT += 3 * time.Millisecond
 	if broken {
 		c.Text = "the answer is 42"
+		c.Confidence.MeanEntropy += 0.1
 	}
 	body := []byte(`{"model":"m","user":"alice@example.com","messages":[{"role":"user","content":"hi","name":"alice"}],"response_format":{"type":"json_object"},"stream":true}`)
 	r := NewPairRecord(route, at, body, p, c, nil, Compare(req, p, c))
@@ -36,6 +41,7 @@ func testPair(route string, i int, at time.Time, broken bool) PairRecord {
 	if i%2 == 0 {
 		rep := p
 		rep.Text = `{"answer": 42, "note": "x"}`
+		rep.Confidence = Confidence{} // a replica's is not stored: no verdict reads it
 		r = NewPairRecord(route, at, body, p, c, &rep, Compare(req, p, c))
 		r.RequestID, r.Session, r.Endpoint = "req-"+route, "s123", "/v1/chat/completions"
 	}
@@ -81,7 +87,7 @@ func sortInput(in *Input) {
 	byPair := func(ps [][2]float64) {
 		sort.Slice(ps, func(i, j int) bool { return ps[i][0] < ps[j][0] || ps[i][0] == ps[j][0] && ps[i][1] < ps[j][1] })
 	}
-	for _, ps := range [][][2]float64{in.Paired.TTFT, in.Paired.ITL, in.Paired.E2E} {
+	for _, ps := range [][][2]float64{in.Paired.TTFT, in.Paired.ITL, in.Paired.E2E, in.Confidence.Entropy, in.Confidence.LowMargin} {
 		byPair(ps)
 	}
 	loads := make([][2]float64, len(in.Load.Reference))
@@ -322,7 +328,7 @@ func TestStoreRestore(t *testing.T) {
 				t.Fatalf("restored input differs:\n live     %+v\n restored %+v", a, b)
 			}
 			if tt.triples {
-				if a.Baseline == nil || len(a.Paired.E2E) == 0 || len(a.Load.Reference) == 0 || len(a.NoiseFloor) == 0 {
+				if a.Baseline == nil || len(a.Paired.E2E) == 0 || len(a.Load.Reference) == 0 || len(a.NoiseFloor) == 0 || len(a.Confidence.Entropy) == 0 {
 					t.Fatalf("the triples left no baseline, pairs, loads or noise floor: %+v", a)
 				}
 				if tt.broken && a.SchemaBrokeAlone == 0 {
@@ -423,6 +429,9 @@ func TestStoreMigratesFromV3(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	old := testPair("chat", 1, t0, true)
 	old.CandidateID = "cand"
+	// A version 3 store has no confidence columns: the pair reads back without.
+	old.Primary.Confidence, old.Candidate.Confidence = Confidence{}, Confidence{}
+	old.Result.Primary.Confidence, old.Result.Candidate.Confidence = Confidence{}, Confidence{}
 	cols := []string{"route", "ts_ns", "candidate", "request", "similarity", "tool_names_match"}
 	vals := []any{old.Route, t0.UnixNano(), old.CandidateID, string(old.Request), old.Result.Similarity, old.Result.ToolNamesMatch}
 	for _, side := range []struct {
@@ -447,7 +456,7 @@ func TestStoreMigratesFromV3(t *testing.T) {
 	}
 	db.Close()
 
-	if _, err := OpenStoreReadOnly(ctx, path); err == nil || !strings.Contains(err.Error(), "older than this binary's 4") {
+	if _, err := OpenStoreReadOnly(ctx, path); err == nil || !strings.Contains(err.Error(), "older than this binary's "+strconv.Itoa(SchemaVersion)) {
 		t.Fatalf("read-only open of a version 3 store: %v", err)
 	}
 	s, err := OpenStore(ctx, path)

@@ -42,6 +42,11 @@ const (
 	MetricSimilarity     = "similarity"
 	MetricSchemaBreakage = "schema_breakage"
 	MetricToolBreakage   = "tool_call_breakage"
+	// MetricEntropy is the answers' mean token entropy (nats), MetricLowMargin their share of
+	// tokens with a top-1/top-2 margin below LowMarginBelow: higher is a model less sure of
+	// itself (see confidence.go).
+	MetricEntropy   = "mean_entropy"
+	MetricLowMargin = "low_margin_share"
 )
 
 // Tests named in Evidence.
@@ -77,6 +82,11 @@ type Config struct {
 	// interval) differ by at most this share of the larger (or by at most half a request a
 	// second); otherwise they are not comparable.
 	MaxLoadDifference float64 `json:"max_load_difference" yaml:"max_load_difference"`
+	// MaxEntropyIncrease is the largest tolerated increase of an answer's mean token entropy
+	// over its reference's on the same request, in nats (the mean of the differences);
+	// MaxLowMarginIncrease that of its share of low-margin tokens (0.02 = two points).
+	MaxEntropyIncrease   float64 `json:"max_entropy_increase" yaml:"max_entropy_increase"`
+	MaxLowMarginIncrease float64 `json:"max_low_margin_increase" yaml:"max_low_margin_increase"`
 }
 
 // DefaultConfig returns the default thresholds.
@@ -89,6 +99,11 @@ func DefaultConfig() Config {
 		SimilarityMargin:  0.05,
 		CriticalAlpha:     0.01,
 		MaxLoadDifference: 0.25,
+		// A candidate whose typical answer is 0.05 nats less sure (a fifth more than an
+		// ordinary model's mean of about 0.25 at top 5) or has two points more low-margin
+		// tokens.
+		MaxEntropyIncrease:   0.05,
+		MaxLowMarginIncrease: 0.02,
 	}
 }
 
@@ -116,6 +131,12 @@ func (c Config) WithDefaults() Config {
 	if c.MaxLoadDifference == 0 {
 		c.MaxLoadDifference = d.MaxLoadDifference
 	}
+	if c.MaxEntropyIncrease == 0 {
+		c.MaxEntropyIncrease = d.MaxEntropyIncrease
+	}
+	if c.MaxLowMarginIncrease == 0 {
+		c.MaxLowMarginIncrease = d.MaxLowMarginIncrease
+	}
 	return c
 }
 
@@ -141,6 +162,8 @@ func (c Config) Validate() error {
 	nonneg("max_rate_increase", c.MaxRateIncrease, 1)
 	nonneg("similarity_margin", c.SimilarityMargin, 1)
 	nonneg("max_load_difference", c.MaxLoadDifference, 1)
+	nonneg("max_entropy_increase", c.MaxEntropyIncrease, 10)
+	nonneg("max_low_margin_increase", c.MaxLowMarginIncrease, 1)
 	return errors.Join(errs...)
 }
 
@@ -187,6 +210,9 @@ type Input struct {
 	// SchemaBrokeAlone and ToolBrokeAlone count the pairs where the candidate broke a
 	// critical check its reference passed on the same request.
 	SchemaBrokeAlone, ToolBrokeAlone int
+	// Confidence holds the (reference, candidate) confidence of the same requests, where
+	// both answers carried logprobs.
+	Confidence PairedConfidence
 }
 
 // Paired are (baseline, candidate) latency pairs, in milliseconds.
@@ -237,6 +263,10 @@ type Evidence struct {
 	Ratio float64 `json:"ratio,omitempty"`
 	Low   float64 `json:"ratio_low,omitempty"`
 	High  float64 `json:"ratio_high,omitempty"`
+	// EffectLow and EffectHigh (paired shifts: the confidence metrics) bound the mean
+	// per-request difference Effect at confidence 1 − Alpha (normal interval).
+	EffectLow  float64 `json:"effect_low,omitempty"`
+	EffectHigh float64 `json:"effect_high,omitempty"`
 }
 
 // Verdict is the overall decision with the evidence behind it.
@@ -267,6 +297,12 @@ type Verdict struct {
 //     primary is below the noise floor's (primary against baseline or replica) by more
 //     than SimilarityMargin and Mann-Whitney p < Alpha; Inconclusive if below by more than
 //     the margin without significance.
+//   - Mean entropy and low-margin share (optional: judged on the requests whose reference
+//     and candidate answers both carried logprobs; higher is worse): the Wilcoxon
+//     signed-rank test of the per-request differences candidate − reference; Regression if
+//     p < Alpha and their mean exceeds MaxEntropyIncrease (MaxLowMarginIncrease),
+//     Inconclusive if it does without significance; fewer than MinSamples pairs is
+//     NotExercised (it does not hold the decision), none Skipped.
 //   - Schema and tool-call breakage (critical, optional: judged when the
 //     candidate has checked responses): Regression if the candidate rate is
 //     higher and p < CriticalAlpha, whatever the size of the increase. Too few checked
@@ -323,6 +359,13 @@ func Evaluate(cfg Config, in Input) (Verdict, error) {
 	for _, e := range []Evidence{
 		critical(cfg, MetricSchemaBreakage, ref.SchemaBroken, ref.SchemaChecked, in.Candidate.SchemaBroken, in.Candidate.SchemaChecked, in.SchemaBrokeAlone),
 		critical(cfg, MetricToolBreakage, ref.ToolCallBroken, ref.ToolCallChecked, in.Candidate.ToolCallBroken, in.Candidate.ToolCallChecked, in.ToolBrokeAlone),
+	} {
+		e.Reference = refName
+		ev = append(ev, e)
+	}
+	for _, e := range []Evidence{
+		pairedShift(cfg, MetricEntropy, finiteConfidencePairs(in.Confidence.Entropy), cfg.MaxEntropyIncrease),
+		pairedShift(cfg, MetricLowMargin, finiteConfidencePairs(in.Confidence.LowMargin), cfg.MaxLowMarginIncrease),
 	} {
 		e.Reference = refName
 		ev = append(ev, e)

@@ -34,6 +34,7 @@ func runMock(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.DurationVar(&c.DelayJitter, "delay-jitter", 0, "uniform random extra delay up to this")
 	fs.Float64Var(&c.TimeScale, "time-scale", 1, "multiplies every simulated duration (0.1 = ten times faster)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed for error injection and jitter")
+	fs.Float64Var(&c.LogprobTemperature, "logprob-temperature", 1, "flattens the simulated logprobs (above 1: a model less sure of itself)")
 	fs.BoolVar(&c.NoHealth, "no-health", false, "answer GET /health with 404, like servers that have none (Ollama, some proxies); /v1/models keeps working")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice mock [--listen ADDR] [--ttft D] [--itl D] [--max-running N] [--kv-tokens N] [--model NAME] [flags]

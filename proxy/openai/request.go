@@ -43,6 +43,16 @@ type Request struct {
 	PrefixHash     uint64   // hash of the prompt's first PrefixHashBytes bytes; 0: none (see prefix.go)
 	PrefixLen      int      // bytes of prompt text PrefixHash covers, up to PrefixHashBytes; 0 with no hash
 
+	// Log probabilities (see logprobs.go). Logprobs: the client asked for them (chat:
+	// logprobs true; completions: logprobs a number; Responses: top_logprobs above 0, or
+	// include naming "message.output_text.logprobs"). LogprobsNamed: the body names logprobs
+	// or top_logprobs at its top level, whatever the value (null included), so a gateway that
+	// would ask the upstream for logprobs leaves the request as it is (vLLM refuses
+	// top_logprobs without logprobs true). Echo: completions' echo is true (the answer
+	// repeats the prompt, and its logprobs cover the prompt's tokens). They are read
+	// leniently: a value of another type is the model server's to refuse.
+	Logprobs, LogprobsNamed, Echo bool
+
 	// Responses API only: the server-side state a request refers to or creates. A response
 	// is stored by the model server that produced it, so a request that names one must
 	// reach that server, and so must a background request's later polls.
@@ -422,6 +432,8 @@ func (p *parser) parse() {
 			default:
 				p.skip(nil)
 			}
+		case "logprobs", "top_logprobs", "echo", "include":
+			p.logprobsField(string(kt))
 		default:
 			p.skip(nil)
 		}
@@ -875,6 +887,61 @@ func (p *parser) messages() {
 	for first, i := true, 0; p.elem(&first); i++ {
 		p.message(i)
 	}
+}
+
+// logprobsField reads a top-level field that asks for log probabilities (see
+// Request.Logprobs), leniently: a value of another type asks for nothing and is skipped.
+func (p *parser) logprobsField(key string) {
+	req := p.req
+	var named, asked bool
+	switch {
+	case key == "logprobs" && req.Kind == KindChat:
+		named = true
+		asked = p.peek() == 't'
+		p.skip(nil)
+	case key == "logprobs" && req.Kind == KindCompletion:
+		named = true
+		c := p.peek()
+		asked = c == '-' || c >= '0' && c <= '9'
+		p.skip(nil)
+	case key == "top_logprobs" && (req.Kind == KindChat || req.Kind == KindResponses):
+		named = true
+		c := p.peek()
+		if p.skip(nil); req.Kind == KindResponses && c >= '1' && c <= '9' {
+			asked = true
+		}
+	case key == "echo" && req.Kind == KindCompletion:
+		req.Echo = p.peek() == 't'
+		p.skip(nil)
+	case key == "include" && req.Kind == KindResponses:
+		asked = p.includesLogprobs() // include is for more than logprobs: not named for them
+
+	default:
+		p.skip(nil)
+	}
+	req.LogprobsNamed = req.LogprobsNamed || named
+	req.Logprobs = req.Logprobs || asked
+}
+
+// includesLogprobs reads the Responses API's include list: whether it names
+// "message.output_text.logprobs".
+func (p *parser) includesLogprobs() bool {
+	if p.peek() != '[' {
+		p.skip(nil)
+		return false
+	}
+	p.i++
+	found := false
+	for first := true; p.elem(&first); {
+		if p.peek() != '"' {
+			p.skip(nil)
+			continue
+		}
+		if raw, esc, ok := p.str(); ok && equalString(raw, esc, "message.output_text.logprobs") {
+			found = true
+		}
+	}
+	return found
 }
 
 // topKeys are the top-level fields Sluice measures, and messageKeys a message's: a key that

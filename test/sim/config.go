@@ -49,6 +49,11 @@ type Config struct {
 	// so requests queue behind each other and merging inputs into one request pays.
 	EmbedRequestCost time.Duration // fixed engine time per embeddings request (default 0)
 	EmbedItemCost    time.Duration // engine time per embeddings input (default 0)
+	// LogprobTemperature divides the sharpness of every token's simulated next-token
+	// distribution (the logprobs, when a request asks for them; see the package doc): above 1
+	// a model less sure of itself (flatter distributions, higher entropy, smaller margins),
+	// below 1 a surer one. Default 1; at most 100.
+	LogprobTemperature float64
 	// NoHealth makes GET /health answer 404 (not_found), like servers that have none
 	// (Ollama, some proxies); /v1/models keeps answering.
 	NoHealth bool
@@ -127,6 +132,9 @@ func (c Config) Validate() error {
 	if math.IsNaN(c.Slowdown) || c.Slowdown < 0 {
 		bad("Slowdown: must be a number >= 0 (0 means 1, +Inf pauses the engine), got %v", c.Slowdown)
 	}
+	if math.IsNaN(c.LogprobTemperature) || c.LogprobTemperature < 0 || c.LogprobTemperature > 100 {
+		bad("LogprobTemperature: must be within [0, 100] (0 means 1), got %v", c.LogprobTemperature)
+	}
 	if c.MaxTokensDefault >= 0 && c.MaxModelLen >= 0 {
 		mt, ml := c.MaxTokensDefault, c.MaxModelLen
 		if mt == 0 {
@@ -185,6 +193,9 @@ func (c Config) withDefaults() Config {
 		c.LeakKVPerRequest = 0
 	}
 	c.Slowdown = slowdownOrOne(c.Slowdown)
+	if math.IsNaN(c.LogprobTemperature) || c.LogprobTemperature <= 0 || c.LogprobTemperature > 100 {
+		c.LogprobTemperature = defaultLogprobT
+	}
 	return c
 }
 

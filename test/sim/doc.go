@@ -55,6 +55,21 @@
 // tokens can cut the arguments (finish "length"). Streamed like OpenAI: the first delta has
 // index, id, type, name and empty arguments, later deltas carry argument fragments.
 //
+// Logprobs: chat's "logprobs": true with "top_logprobs": K (0 to 20), and completions'
+// "logprobs": K (0 to 20), get deterministic log probabilities shaped like vLLM's, streamed
+// (each chunk carries its own tokens') and not. Chat: choices[i].logprobs {"content":
+// [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, the K alternatives
+// with the sampled token first; completions: {text_offset, token_logprobs, tokens,
+// top_logprobs: [{token: logprob}]}, K entries (the sampled token alone for K = 0). Values
+// are float32s widened, as vLLM's, floored at -9999. Each token comes from a simulated
+// next-token distribution over the vocabulary, geometric in the rank (the sampled token the
+// most probable), whose sharpness is drawn from the answer's hash: mostly sure, with
+// stretches of 8 tokens that are not (see logprobs.go). Config.LogprobTemperature divides
+// every sharpness: above 1 a model less sure of itself. The same request gets the same
+// logprobs streamed or not. vLLM's checks apply: top_logprobs without logprobs true, or
+// above 20, is a 400 (param top_logprobs); completions' logprobs above 20 too. A tool call
+// carries "logprobs": null, and the Responses API "logprobs": [] (neither is modelled).
+//
 // Prompt tokens are estimated, not tokenized: ceil(characters/4) of every piece of text
 // (characters are code points) + 1 per message + ceil(bytes of the "tools" JSON / 4), at
 // least 1; a token-id prompt counts one token per id.
@@ -242,6 +257,6 @@
 // at most 1h; a stall ends early when the client goes away. A malformed knob is a 400.
 //
 // Limits: request bodies up to 32 MiB, at most 4096 prompts or inputs per request.
-// Not modelled: n > 1, stop sequences, logprobs, prefix caching, preemption, chunked-prefill
+// Not modelled: n > 1, stop sequences, echo, prefix caching, preemption, chunked-prefill
 // token budgets (all sequences admitted in a step prefill in that one step).
 package sim

@@ -97,7 +97,8 @@ type textGen struct {
 	max     int      // max tokens (n before EOS)
 	finish  string   // "stop" or "length"
 	rng     splitmix
-	i       int // index of the next token
+	i       int    // index of the next token
+	lpSeed  uint64 // seeds the tokens' simulated distributions (logprobs.go)
 
 	// A loop (x-sim-loop-after): from token loopAt on, the answer repeats its tokens
 	// [loopAt-period, loopAt) again and again; snap is the generator's state at token
@@ -112,7 +113,7 @@ type textGen struct {
 // EOS point equal to max means no EOS was reached (finish "length"). Markers are never cut
 // by EOS, only by maxTokens.
 func newTextGen(h uint64, markers []string, maxTokens int, ignoreEOS bool) textGen {
-	g := textGen{markers: markers, n: maxTokens, max: maxTokens, finish: "length", rng: splitmix(h), seed: splitmix(h)}
+	g := textGen{markers: markers, n: maxTokens, max: maxTokens, finish: "length", rng: splitmix(h), seed: splitmix(h), lpSeed: mix64(h ^ lpSeedSalt)}
 	if !ignoreEOS && maxTokens > 0 {
 		half := (maxTokens + 1) / 2
 		eos := half + int(mix64(h^0x5eed)%uint64(maxTokens-half+1))

@@ -37,7 +37,9 @@ type chatRequest struct {
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 	// ContinueFinalMessage (vLLM): the last message is an assistant prefix to continue.
-	ContinueFinalMessage bool `json:"continue_final_message"`
+	ContinueFinalMessage bool   `json:"continue_final_message"`
+	Logprobs             *bool  `json:"logprobs"`
+	TopLogprobs          *int64 `json:"top_logprobs"`
 }
 
 type chatMessage struct {
@@ -117,6 +119,7 @@ type completionRequest struct {
 	Temperature   *float64        `json:"temperature"`
 	Seed          *int64          `json:"seed"`
 	IgnoreEOS     bool            `json:"ignore_eos"`
+	Logprobs      *int64          `json:"logprobs"`
 }
 
 type embeddingRequest struct {
@@ -163,6 +166,7 @@ type choice struct {
 	n       int    // output tokens this answer has
 	finish  string // finish_reason once all n tokens are out
 	text    textGen
+	lp      *lpWriter // the logprobs asked for (a text answer), nil when not
 	tool    *toolCall
 	input   string // embeddings: the text embedded
 	seq     *seq   // scheduled mode
@@ -300,7 +304,14 @@ func (s *Server) planChat(body []byte) (*plan, *apiError) {
 	if e := s.reserve(&c, maxTok); e != nil {
 		return nil, e
 	}
+	k, e := chatLogprobs(req.Logprobs, req.TopLogprobs)
+	if e != nil {
+		return nil, e
+	}
 	s.planAnswer(&c, &sum, tool, maxTok, prefix, req.Seed, req.Temperature, req.IgnoreEOS)
+	if k >= 0 && c.tool == nil {
+		c.lp = s.newLPWriter(k, true, c.text.lpSeed)
+	}
 	p.promptTokens = c.prompt
 	p.one[0] = c
 	p.choices = p.one[:]
@@ -367,6 +378,32 @@ func (s *Server) planAnswer(c *choice, sum *convSum, tool *funcDef, maxTok, pref
 		_ = c.text.next(nil)
 	}
 	c.n, c.finish = max(0, c.text.n-prefix), c.text.finish
+}
+
+// chatLogprobs validates chat's logprobs and top_logprobs as vLLM does and returns the
+// number of alternatives asked per token, -1 when logprobs were not asked for.
+func chatLogprobs(logprobs *bool, top *int64) (int, *apiError) {
+	on := logprobs != nil && *logprobs
+	if top != nil {
+		switch {
+		case !on:
+			return 0, badRequest("invalid_value", "top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")
+		case *top < 0 || *top > lpMaxTop:
+			return 0, badRequest("invalid_value", "top_logprobs", fmt.Sprintf("`top_logprobs` must be within [0, %d], got %d.", lpMaxTop, *top))
+		}
+	}
+	switch {
+	case !on:
+		return -1, nil
+	case top == nil:
+		return 0, nil
+	}
+	return int(*top), nil
+}
+
+// newLPWriter returns the logprobs writer of one answer.
+func (s *Server) newLPWriter(k int, chat bool, seed uint64) *lpWriter {
+	return &lpWriter{k: k, chat: chat, temp: s.cfg.LogprobTemperature, seed: seed}
 }
 
 // funcDef is a declared function tool.
@@ -558,6 +595,13 @@ func (s *Server) planCompletion(body []byte) (*plan, *apiError) {
 	if e != nil {
 		return nil, e
 	}
+	k := -1
+	if lp := req.Logprobs; lp != nil {
+		if *lp < 0 || *lp > lpMaxTop {
+			return nil, badRequest("invalid_value", "logprobs", fmt.Sprintf("logprobs must be within [0, %d], got %d.", lpMaxTop, *lp))
+		}
+		k = int(*lp)
+	}
 	p := &plan{ep: epCompletions, stream: req.Stream, includeUsage: req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
 	p.choices = make([]choice, 0, len(items))
 	for _, it := range items {
@@ -583,6 +627,9 @@ func (s *Server) planCompletion(body []byte) (*plan, *apiError) {
 		}
 		c.text = newTextGen(h.sum(), marks.list, maxTok, req.IgnoreEOS)
 		c.n, c.finish = c.text.n, c.text.finish
+		if k >= 0 {
+			c.lp = s.newLPWriter(k, false, c.text.lpSeed)
+		}
 		p.promptTokens += c.prompt
 		p.choices = append(p.choices, c)
 	}

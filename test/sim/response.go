@@ -86,14 +86,16 @@ func (s *Server) appendCompletion(b []byte, p *plan, created int64) []byte {
 			b = append(b, `}}]}`...)
 		case chat:
 			b = append(b, `,"message":{"role":"assistant","content":"`...)
-			b = c.appendTokens(b, 0, c.n)
+			b = c.appendTokensLP(b, c.lp, 0, c.n)
 			b = append(b, `"}`...)
 		default:
 			b = append(b, `,"text":"`...)
-			b = c.appendTokens(b, 0, c.n)
+			b = c.appendTokensLP(b, c.lp, 0, c.n)
 			b = append(b, '"')
 		}
-		b = append(b, `,"logprobs":null,"finish_reason":"`...)
+		b = append(b, `,"logprobs":`...)
+		b = c.lp.appendTo(b)
+		b = append(b, `,"finish_reason":"`...)
 		b = append(b, c.finish...)
 		b = append(b, `"}`...)
 	}
@@ -287,8 +289,13 @@ func (st *streamer) flush() error {
 // begin starts a chunk event in the buffer; end closes its single choice with finish.
 func (st *streamer) begin() []byte { return append((*st.bp)[:0], st.prefix...) }
 
-func (st *streamer) end(b []byte, finish string) error {
-	b = append(b, `,"logprobs":null,"finish_reason":`...)
+func (st *streamer) end(b []byte, finish string) error { return st.endLP(b, nil, finish) }
+
+// endLP is end with the logprobs of the chunk's tokens, when w holds any.
+func (st *streamer) endLP(b []byte, w *lpWriter, finish string) error {
+	b = append(b, `,"logprobs":`...)
+	b = w.appendTo(b)
+	b = append(b, `,"finish_reason":`...)
 	if finish == "" {
 		b = append(b, "null"...)
 	} else {
@@ -354,15 +361,15 @@ func (st *streamer) emit(i, avail int, done bool) error {
 			b = append(b, `}}]}`...)
 		case chat:
 			b = append(b, `,"delta":{"content":"`...)
-			b = c.appendTokens(b, from, to)
+			b = c.appendTokensLP(b, c.lp, from, to)
 			b = append(b, `"}`...)
 		default:
 			b = append(b, `,"text":"`...)
-			b = c.appendTokens(b, from, to)
+			b = c.appendTokensLP(b, c.lp, from, to)
 			b = append(b, '"')
 		}
 		c.emitted = to
-		if err := st.end(b, ""); err != nil {
+		if err := st.endLP(b, c.lp, ""); err != nil {
 			return err
 		}
 	}
