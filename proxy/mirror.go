@@ -67,6 +67,7 @@ type mirrorRoute struct {
 	stepped time.Time // the last weight progression step
 	action  string    // what the progression last did
 	rate    rateSample
+	basis   atomic.Pointer[judgement] // what the latest verdict judged (shadow_judge.go)
 }
 
 // The sides of a triple, indexes of mirrorRoute.sides.
@@ -204,6 +205,8 @@ type shadowing struct {
 	store    atomic.Pointer[shadow.Store] // opened when a route first mirrors
 	storeErr error
 	closed   bool
+
+	writer atomic.Pointer[shadow.Writer] // a shared store's, which opens it (shadow_store.go)
 }
 
 func newShadowing(s *Server) *shadowing { return &shadowing{srv: s} }
@@ -302,11 +305,7 @@ func (sh *shadowing) close() {
 	for _, h := range halts {
 		h() // outside the lock, as in sync
 	}
-	if st := sh.store.Swap(nil); st != nil {
-		if err := st.Close(); err != nil {
-			sh.srv.log.Warn("shadow store close", "err", err)
-		}
-	}
+	sh.closeStore()
 }
 
 func (mr *mirrorRoute) start(sh *shadowing, qkey string, m *config.Mirror) {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -31,20 +32,33 @@ func (s *Server) judgeLoop(ctx context.Context) {
 }
 
 // judgeAll computes and records the verdict of every mirrored route, and steps weights where
-// a progression is configured.
+// a progression is configured. With a shared store each route is judged over the fleet's
+// pairs, read from the store (judgeInput).
 func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
 	sh.judging.Lock() // the loop and POST /admin/shadow/judge: one progression step at a time
 	defer sh.judging.Unlock()
 	st := sh.srv.state.Load()
 	c := st.snap.Config
+	if w := sh.writer.Load(); w != nil {
+		w.SetMaxBytes(int64(c.Shadow.Buffer)) // shadow.buffer as reloaded
+	}
 	for _, mr := range sh.list() {
-		mr.measureRates(st, now)
-		v, err := shadow.Evaluate(c.Shadow.Verdict, mr.input())
+		if mr.measureRates(st, now) {
+			sh.recordRates(mr, c, now)
+		}
+		jd := sh.judgeInput(ctx, mr, c)
+		v, err := shadow.Evaluate(c.Shadow.Verdict, jd.in)
 		if err != nil {
 			sh.srv.log.Error("shadow verdict", "route", mr.name, "err", err)
 			continue
 		}
-		action := mr.progress(sh, st, v, now)
+		mr.basis.Store(&jd)
+		action := ""
+		if jd.scope != shadow.ScopeInstance || v.Decision != shadow.Promote {
+			// A gateway that could not read its fleet's pairs does not promote on its own
+			// (a rollback is always safe).
+			action = mr.progress(sh, st, v, now)
+		}
 		mr.mu.Lock()
 		mr.verdict, mr.judged = &v, now
 		if action != "" {
@@ -54,8 +68,73 @@ func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
 		if action != "" {
 			sh.srv.log.Info("shadow progression", "route", mr.name, "decision", v.Decision, "action", action)
 		}
-		sh.recordVerdict(ctx, mr, v, action, now)
+		sh.recordVerdict(ctx, mr, v, action, now, jd.pairs, jd.replicas)
 	}
+}
+
+// fleetReadTimeout bounds reading a route's fleet window from a shared store.
+const fleetReadTimeout = 5 * time.Second
+
+// judgement is what a route's verdict judged: the input, its totals, and with a shared store
+// its scope (the fleet's pairs, or this gateway's alone when the store could not be read)
+// and the instances behind it.
+type judgement struct {
+	in              shadow.Input
+	pairs, replicas int64
+	scope           string // "" without a shared store
+	sources         []shadow.Source
+}
+
+// judgeInput is the input of the route's verdict. Without a shared store, the gateway's own
+// accumulator, as always. With one, the fleet's: the window of every instance's pairs and
+// their summed request rates read from the store (shadow.Store.FleetInput), the same
+// whichever gateway reads it; when the store cannot be read, the gateway's own pairs
+// (scope instance).
+func (sh *shadowing) judgeInput(ctx context.Context, mr *mirrorRoute, c *config.Config) judgement {
+	local := func(scope string) judgement {
+		pairs, replicas := mr.acc.Counts()
+		return judgement{in: mr.input(), pairs: pairs, replicas: replicas, scope: scope}
+	}
+	w := sh.writer.Load()
+	if w == nil {
+		return local("")
+	}
+	st := w.Store()
+	if st == nil || !w.Stats().Connected {
+		return local(shadow.ScopeInstance) // known unreachable: do not wait for it
+	}
+	ctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
+	defer cancel()
+	f, err := st.FleetInput(ctx, mr.name, mr.identity, c.Shadow.Window, rateFreshness(c))
+	if err != nil {
+		sh.srv.log.Warn("shadow fleet pairs not read; judging this gateway's own", "route", mr.name, "err", err)
+		return local(shadow.ScopeInstance)
+	}
+	return judgement{in: f.Input, pairs: f.Pairs, replicas: f.Replicas, scope: shadow.ScopeFleet, sources: f.Sources}
+}
+
+// rateFreshness is how far behind the newest an instance's rates may be and still count in
+// the fleet's: three verdict intervals.
+func rateFreshness(c *config.Config) time.Duration {
+	d := c.Shadow.Interval.D()
+	if d <= 0 {
+		d = config.DefaultShadowInterval
+	}
+	return 3 * d
+}
+
+// recordRates hands the route's request rates just measured to a shared store's writer (the
+// fleet's rates are the instances' sums).
+func (sh *shadowing) recordRates(mr *mirrorRoute, c *config.Config, now time.Time) {
+	w := sh.writer.Load()
+	if w == nil {
+		return
+	}
+	mr.mu.Lock()
+	ref, cand := mr.rate.refRate, mr.rate.candRate
+	mr.mu.Unlock()
+	w.AddRate(shadow.RateRecord{Route: mr.name, CandidateID: mr.identity, Instance: instance(c), Time: now,
+		ReferenceRate: ref, CandidateRate: cand})
 }
 
 // referenceCluster is the cluster the candidate is judged against: the baseline, else the
@@ -83,30 +162,34 @@ func referenceCluster(st *state, route string, m *config.Mirror) string {
 }
 
 // measureRates updates the request rates per endpoint of the route's reference and
-// candidate clusters over the time since the last call (at least a second apart).
-func (mr *mirrorRoute) measureRates(st *state, now time.Time) {
+// candidate clusters over the time since the last call (at least a second apart). It
+// reports whether they were measured now.
+func (mr *mirrorRoute) measureRates(st *state, now time.Time) bool {
 	m := mr.cfg.Load()
 	ref := referenceCluster(st, mr.name, m)
 	rc, cc := st.clusters[ref], st.clusters[m.Cluster]
 	if rc == nil || cc == nil || len(rc.Endpoints()) == 0 || len(cc.Endpoints()) == 0 {
-		return
+		return false
 	}
 	_, rb := rc.Load()
 	_, cb := cc.Load()
 	mr.mu.Lock()
 	defer mr.mu.Unlock()
 	r := &mr.rate
+	measured := false
 	if r.refName == ref && r.candName == m.Cluster && !r.at.IsZero() {
 		dt := now.Sub(r.at).Seconds()
 		if dt < 1 {
-			return // too short to say: keep the last interval's rates
+			return false // too short to say: keep the last interval's rates
 		}
 		r.refRate = float64(rb-r.reference) / dt / float64(len(rc.Endpoints()))
 		r.candRate = float64(cb-r.cand) / dt / float64(len(cc.Endpoints()))
+		measured = true
 	} else {
 		r.refRate, r.candRate = 0, 0
 	}
 	r.at, r.reference, r.cand, r.refName, r.candName = now, rb, cb, ref, m.Cluster
+	return measured
 }
 
 // input is the route's comparison so far with the measured request rates.
@@ -205,7 +288,15 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 		return nil, err
 	}
 	insts = append(insts, queued, verdict, captured)
+	store, err := s.storeMetrics(m)
+	if err != nil {
+		return nil, err
+	}
+	insts = append(insts, store.insts...)
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if w := s.shadow.writer.Load(); w != nil {
+			store.observe(o, w.Stats())
+		}
 		for _, mr := range s.shadow.list() {
 			at := metric.WithAttributes(attribute.String("route", mr.name))
 			for _, c := range cs {
@@ -228,4 +319,62 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 		}
 		return nil
 	}, insts...)
+}
+
+// storeInstruments are the metrics of a shared store's writer.
+type storeInstruments struct {
+	up, buffered, used, limit         metric.Int64ObservableGauge
+	written, dropped, failed, retries metric.Int64ObservableCounter
+	insts                             []metric.Observable
+}
+
+// storeMetrics makes the shared store's instruments (observed only with one).
+func (s *Server) storeMetrics(m metric.Meter) (*storeInstruments, error) {
+	si := &storeInstruments{}
+	var errs []error
+	gauge := func(dst *metric.Int64ObservableGauge, name, desc, unit string) {
+		opts := []metric.Int64ObservableGaugeOption{metric.WithDescription(desc)}
+		if unit != "" {
+			opts = append(opts, metric.WithUnit(unit))
+		}
+		g, err := m.Int64ObservableGauge(name, opts...)
+		*dst = g
+		errs = append(errs, err)
+		si.insts = append(si.insts, g)
+	}
+	counter := func(dst *metric.Int64ObservableCounter, name, desc string) {
+		c, err := m.Int64ObservableCounter(name, metric.WithDescription(desc))
+		*dst = c
+		errs = append(errs, err)
+		si.insts = append(si.insts, c)
+	}
+	gauge(&si.up, "sluice.shadow.store.up", "1 while the shared shadow store answers the gateway's writes, 0 while it does not (records are held)", "")
+	gauge(&si.buffered, "sluice.shadow.store.buffered", "Records (pairs, verdicts, rates) held for the shared shadow store, not written yet", "")
+	gauge(&si.used, "sluice.shadow.store.buffer_used", "Bytes of shadow.buffer the held records take", "By")
+	gauge(&si.limit, "sluice.shadow.store.buffer_limit", "shadow.buffer: the bytes of records the gateway may hold", "By")
+	counter(&si.written, "sluice.shadow.store.written", "Records written to the shared shadow store")
+	counter(&si.dropped, "sluice.shadow.store.dropped", "Records not kept for the shared shadow store, by kind: shadow.buffer was full, or the gateway stopped before it could write them")
+	counter(&si.failed, "sluice.shadow.store.failed", "Records the shared shadow store refused (not tried again)")
+	counter(&si.retries, "sluice.shadow.store.retries", "Writes (or openings) of the shared shadow store that did not reach it and are tried again")
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return si, nil
+}
+
+func (si *storeInstruments) observe(o metric.Observer, st shadow.WriterStats) {
+	up := int64(0)
+	if st.Connected {
+		up = 1
+	}
+	o.ObserveInt64(si.up, up)
+	o.ObserveInt64(si.buffered, int64(st.Buffered))
+	o.ObserveInt64(si.used, st.BufferedBytes)
+	o.ObserveInt64(si.limit, st.MaxBytes)
+	o.ObserveInt64(si.written, st.Written)
+	o.ObserveInt64(si.failed, st.Failed)
+	o.ObserveInt64(si.retries, st.Retries)
+	for _, k := range []string{shadow.KindPair, shadow.KindVerdict, shadow.KindRate, shadow.KindPrune} {
+		o.ObserveInt64(si.dropped, st.Dropped[k], metric.WithAttributes(attribute.String("kind", k)))
+	}
 }

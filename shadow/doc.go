@@ -40,9 +40,17 @@
 //     goroutine-safe.
 //   - mirror.go: [Sampled] (which sessions are mirrored) and [Queue], the
 //     bounded, never-blocking queue of mirror jobs with workers on demand.
-//   - store.go, export.go, report.go: the SQLite [Store] of triples and
-//     verdicts, the redacted JSONL export, and the [Report] (JSON, HTML,
-//     text).
+//   - store.go, export.go, report.go: the [Store] of triples and verdicts
+//     (SQLite, embedded), the redacted JSONL export, and the [Report] (JSON,
+//     HTML, text).
+//   - postgres.go, dialect.go, fleet.go, writer.go: the same Store on a
+//     PostgreSQL database the gateways of a fleet share ([IsPostgresURL]; one
+//     code path, the dialect's few differences apart; the schema migrated
+//     once under an advisory lock), [Store.FleetInput] (a route's verdict
+//     input over every gateway's pairs and summed request rates, the same
+//     from any of them), and [Writer], which writes for a gateway without
+//     ever making it wait: it holds what the database cannot take yet, up
+//     to a bound, and counts what it drops.
 //
 // What does not exist here: sending the copies and capturing answers (the
 // gateway's proxy/mirror.go) and weight progression.

@@ -218,13 +218,15 @@ type ExportAnswer struct {
 // ExportLine is one line of ExportJSONL. The field order below is the order on the line;
 // "route" comes first, which is how `sluice load --trace` tells the format apart.
 type ExportLine struct {
-	Route     string          `json:"route"`
-	TS        time.Time       `json:"ts"`
-	RequestID string          `json:"request_id,omitempty"`
-	Session   string          `json:"session,omitempty"`
-	Endpoint  string          `json:"endpoint,omitempty"`
-	Request   json.RawMessage `json:"request"`
-	Primary   ExportAnswer    `json:"primary"`
+	Route     string    `json:"route"`
+	TS        time.Time `json:"ts"`
+	RequestID string    `json:"request_id,omitempty"`
+	Session   string    `json:"session,omitempty"`
+	Endpoint  string    `json:"endpoint,omitempty"`
+	// Instance is the gateway that mirrored the pair (in a store a fleet shares).
+	Instance string          `json:"instance,omitempty"`
+	Request  json.RawMessage `json:"request"`
+	Primary  ExportAnswer    `json:"primary"`
 	// Baseline is the baseline's answer, when the route has one (the primary's version asked
 	// in a sandbox at the same moment as the candidate).
 	Baseline          *ExportAnswer `json:"baseline,omitempty"`
@@ -266,7 +268,7 @@ func exportAnswer(a Answer, problems []string) ExportAnswer {
 // (redaction is idempotent), so a record that bypassed NewPairRecord is still safe.
 func NewExportLine(p PairRecord) ExportLine {
 	l := ExportLine{Route: p.Route, TS: p.Time.UTC(), RequestID: p.RequestID, Session: p.Session,
-		Endpoint: p.Endpoint, Request: Redact(p.Request),
+		Endpoint: p.Endpoint, Instance: p.Instance, Request: Redact(p.Request),
 		Primary:   exportAnswer(p.Primary, p.Result.Primary.Problems),
 		Candidate: exportAnswer(p.Candidate, p.Result.Candidate.Problems),
 		Notes:     boundList(p.Result.Notes)}

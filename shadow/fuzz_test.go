@@ -2,6 +2,8 @@ package shadow
 
 import (
 	"encoding/json"
+	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -56,4 +58,53 @@ func FuzzRedact(f *testing.F) {
 		}
 		_ = RequestFromBody(b)
 	})
+}
+
+// FuzzPostgresURL: whatever shadow.store holds, checking and masking it never panics, and
+// neither the masked URL nor the check's error shows a password given in the user info or
+// as a parameter.
+func FuzzPostgresURL(f *testing.F) {
+	f.Add("postgres://u:%s@db:5432/shadow?sslmode=require", "Pa55word-x")
+	f.Add("postgresql://db/shadow?password=%s&sslmode=maybe", "hunter2hunter2")
+	f.Add("postgres://u:%s@db:port/x#frag", "zzzzzzzz")
+	f.Add("postgres://u:%s@[::1:5432/x", "qwertyuiop")
+	f.Add("postgres://%s", "@@@@@@@@")
+	f.Add("/var/lib/%s.db", "notapassword")
+	f.Fuzz(func(t *testing.T, format, pw string) {
+		if strings.Count(format, "%s") != 1 || strings.Contains(format, "%!") {
+			return
+		}
+		dsn := strings.Replace(format, "%s", url.QueryEscape(pw), 1)
+		masked := RedactDSN(dsn)
+		err := CheckPostgresURL(dsn)
+		if !IsPostgresURL(dsn) {
+			if masked != dsn || err == nil {
+				t.Fatalf("%q: a file path was changed to %q, or passed as a URL (%v)", dsn, masked, err)
+			}
+			return
+		}
+		// A password worth looking for: long, of its own letters, not elsewhere in the URL.
+		rest := strings.Replace(format, "%s", "", 1)
+		if len(pw) < 8 || !alnum(pw) || strings.Contains(rest, pw) || strings.Contains(RedactDSN(rest), pw) {
+			return
+		}
+		if !strings.Contains(format, ":%s@") && !strings.Contains(format, "password=%s") {
+			return
+		}
+		if strings.Contains(masked, pw) {
+			t.Fatalf("masked %q shows the password", masked)
+		}
+		if err != nil && strings.Contains(err.Error(), pw) {
+			t.Fatalf("the check of %q shows the password: %v", dsn, err)
+		}
+	})
+}
+
+func alnum(s string) bool {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }

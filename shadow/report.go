@@ -66,6 +66,11 @@ type RouteInput struct {
 	Config Config
 	// Window bounds the pairs restored when Input is nil (DefaultWindow when ≤ 0).
 	Window int
+	// Scope and Sources say what Input holds (see RouteReport); set by a gateway whose
+	// verdict was judged over a shared store's pairs. When Input is nil they are filled from
+	// the store.
+	Scope   string
+	Sources []Source
 }
 
 // Report bounds.
@@ -75,6 +80,15 @@ const (
 	ReportBuckets  = 12 // histogram buckets per latency metric
 	// reportProblemScan is how many recent pairs are searched for problems.
 	reportProblemScan = 500
+)
+
+// What a route's verdict judged (RouteReport.Scope).
+const (
+	// ScopeFleet: every gateway instance's pairs in a shared store (FleetInput).
+	ScopeFleet = "fleet"
+	// ScopeInstance: this gateway's own pairs only: its store is not shared, or the shared
+	// store could not be read for the verdict (then progression does not promote).
+	ScopeInstance = "instance"
 )
 
 // Where a route report's verdict came from.
@@ -91,6 +105,21 @@ const (
 type Report struct {
 	Generated time.Time     `json:"generated"`
 	Routes    []RouteReport `json:"routes"`
+	// Store is the state of the store the report read, when known.
+	Store *StoreStatus `json:"store,omitempty"`
+}
+
+// StoreStatus describes a gateway's shadow store: its kind ("postgres", "sqlite" or
+// "memory"), where it is (the PostgreSQL URL with its password masked), whether replicas
+// share it and this gateway's name there (Instance), why it is not open (Error), and for a
+// shared store the writer that holds records while the database cannot take them.
+type StoreStatus struct {
+	Kind     string       `json:"kind"`
+	Location string       `json:"location,omitempty"`
+	Shared   bool         `json:"shared"`
+	Instance string       `json:"instance,omitempty"`
+	Error    string       `json:"error,omitempty"`
+	Writer   *WriterStats `json:"writer,omitempty"`
 }
 
 // RouteReport is one route's part of a Report.
@@ -102,7 +131,11 @@ type RouteReport struct {
 	Verdict          *Verdict   `json:"verdict,omitempty"`
 	VerdictTime      *time.Time `json:"verdict_time,omitempty"`
 	VerdictSource    string     `json:"verdict_source"`
-	Action           string     `json:"action,omitempty"`
+	// Scope is what the verdict and the samples judged: ScopeFleet (every instance's
+	// pairs in a shared store, Sources naming them) or ScopeInstance ("" when unknown).
+	Scope   string   `json:"scope,omitempty"`
+	Sources []Source `json:"sources,omitempty"`
+	Action  string   `json:"action,omitempty"`
 	// History holds the latest stored verdicts, newest first.
 	History       []HistoryEntry    `json:"history"`
 	Samples       Samples           `json:"samples"`
@@ -120,8 +153,8 @@ type RouteReport struct {
 // each request was sent to it, the request itself included) of the reference (ReferenceName:
 // "baseline" or "primary") and of the candidate over the window's N measured pairs, and
 // their request rates per endpoint (requests begun a second over the gateway's last
-// interval) when the gateway measured them (Input.Load's rates; not in a report rebuilt from
-// the store).
+// interval) when the gateway measured them (Input.Load's rates; in a report rebuilt from a
+// shared store, the sum of the instances' latest rates).
 type LoadSummary struct {
 	ReferenceName string  `json:"reference_name"`
 	Reference     float64 `json:"reference"`
@@ -139,6 +172,8 @@ type HistoryEntry struct {
 	Pairs    int64     `json:"pairs"`
 	Replicas int64     `json:"replicas"`
 	Action   string    `json:"action,omitempty"`
+	// Instance is the gateway that judged, in a store a fleet shares.
+	Instance string `json:"instance,omitempty"`
 }
 
 // ArmCounts are one side's request counts in the judged window.
@@ -248,7 +283,7 @@ func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, 
 	cfg := in.Config.WithDefaults()
 	rr := RouteReport{Route: in.Route, PrimaryCluster: in.PrimaryCluster, BaselineCluster: in.BaselineCluster,
 		CandidateCluster: in.CandidateCluster, Mirror: in.Mirror, Action: in.Action, VerdictSource: SourceNone,
-		History: []HistoryEntry{}, Problems: []PairProblem{}}
+		History: []HistoryEntry{}, Problems: []PairProblem{}, Scope: in.Scope, Sources: in.Sources}
 	for _, sd := range in.Mirror.Sides {
 		if rr.BaselineCluster == "" && sd.Side == "baseline" {
 			rr.BaselineCluster = sd.Cluster
@@ -258,13 +293,15 @@ func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, 
 	pairs, replicas := in.Pairs, in.Replicas
 	if store != nil {
 		if input == nil {
-			acc := NewAccumulator(in.Window)
-			if err := store.Restore(ctx, in.Route, in.CandidateID, acc, in.Window); err != nil {
+			f, err := store.FleetInput(ctx, in.Route, in.CandidateID, in.Window, 0)
+			if err != nil {
 				return rr, err
 			}
-			snap := acc.Input()
-			input = &snap
-			pairs, replicas = acc.Counts()
+			input = &f.Input
+			pairs, replicas = f.Pairs, f.Replicas
+			if store.Shared() && rr.Scope == "" {
+				rr.Scope, rr.Sources = ScopeFleet, f.Sources
+			}
 		}
 		vs, err := store.Verdicts(ctx, in.Route, ReportHistory)
 		if err != nil {
@@ -272,7 +309,7 @@ func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, 
 		}
 		for _, v := range vs {
 			rr.History = append(rr.History, HistoryEntry{Time: v.Time.UTC(), Decision: v.Verdict.Decision,
-				Reason: v.Verdict.Reason, Pairs: v.Pairs, Replicas: v.Replicas, Action: v.Action})
+				Reason: v.Verdict.Reason, Pairs: v.Pairs, Replicas: v.Replicas, Action: v.Action, Instance: v.Instance})
 		}
 		if in.Verdict == nil && len(vs) > 0 {
 			v, t := vs[0].Verdict, vs[0].Time.UTC()
@@ -666,6 +703,9 @@ func oneLineText(s string, n int) string {
 // verdict history and recent problems.
 func (r Report) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
+	if r.Store != nil {
+		ew.printf("%s\n\n", termSafe(storeLine(*r.Store)))
+	}
 	if len(r.Routes) == 0 {
 		ew.printf("no mirrored routes (no route has a mirror block, or the store is empty)\n")
 		return ew.err
@@ -717,6 +757,9 @@ func writeRouteText(ew *errWriter, rr RouteReport) {
 			ew.printf("; action %s", oneLineText(rr.Action, MaxNameLen))
 		}
 		ew.printf("\n")
+	}
+	if rr.Scope != "" {
+		ew.printf("  scope:    %s\n", termSafe(scopeLine(rr)))
 	}
 	m := rr.Mirror
 	ew.printf("  mirror:   offered %d, mirrored %d, dropped %d, compared %d, incomplete %d", m.Offered, m.Mirrored, m.Dropped,
@@ -812,7 +855,11 @@ func writeRouteText(ew *errWriter, rr RouteReport) {
 		ew.printf("\n  history (newest first):\n")
 		tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 		for _, h := range rr.History {
-			fmt.Fprintf(tw, "    %s\t%s\t%d pairs\t%s\t%s\t\n", h.Time.Format(time.RFC3339), termSafe(string(h.Decision)), h.Pairs,
+			by := ""
+			if h.Instance != "" {
+				by = " by " + oneLineText(h.Instance, 64)
+			}
+			fmt.Fprintf(tw, "    %s%s\t%s\t%d pairs\t%s\t%s\t\n", h.Time.Format(time.RFC3339), by, termSafe(string(h.Decision)), h.Pairs,
 				orDash(oneLineText(h.Action, MaxNameLen)), oneLineText(h.Reason, 100))
 		}
 		_ = tw.Flush()
@@ -826,6 +873,79 @@ func writeRouteText(ew *errWriter, rr RouteReport) {
 		}
 		_ = tw.Flush()
 	}
+}
+
+// storeLine renders a StoreStatus.
+func storeLine(s StoreStatus) string {
+	line := "store: " + s.Kind
+	if s.Location != "" {
+		line += " " + oneLineText(s.Location, 200)
+	}
+	if s.Shared {
+		line += " (shared"
+		if s.Instance != "" {
+			line += "; this gateway is instance " + oneLineText(s.Instance, MaxNameLen)
+		}
+		line += ")"
+	}
+	if s.Error != "" {
+		line += ": not open: " + oneLineText(s.Error, 300)
+	}
+	if w := s.Writer; w != nil {
+		state := "connected"
+		switch {
+		case !w.Opened:
+			state = "not opened yet"
+		case !w.Connected:
+			state = "unreachable"
+		}
+		var dropped int64
+		for _, n := range w.Dropped {
+			dropped += n
+		}
+		line += fmt.Sprintf(": %s; held %d records (%s of %s), written %d, dropped %d, failed %d, retries %d", state,
+			w.Buffered, byteSize(w.BufferedBytes), byteSize(w.MaxBytes), w.Written, dropped, w.Failed, w.Retries)
+		if !w.DownSince.IsZero() {
+			line += ", down since " + w.DownSince.UTC().Format(time.RFC3339)
+		}
+		if w.LastError != "" {
+			line += "; last error " + oneLineText(w.LastError, 300)
+		}
+	}
+	return line
+}
+
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// scopeLine renders what a route's verdict judged.
+func scopeLine(rr RouteReport) string {
+	switch rr.Scope {
+	case ScopeFleet:
+		line := fmt.Sprintf("fleet: every instance's pairs in the shared store (%d instances", len(rr.Sources))
+		for i, s := range rr.Sources {
+			if i == 8 {
+				line += ", …"
+				break
+			}
+			sep := ": "
+			if i > 0 {
+				sep = ", "
+			}
+			line += fmt.Sprintf("%s%s %d", sep, oneLineText(orText(s.Instance, "(unnamed)"), 64), s.Pairs)
+		}
+		return line + ")"
+	case ScopeInstance:
+		return "instance: this gateway's own pairs"
+	}
+	return oneLineText(rr.Scope, 64)
 }
 
 // loadsLine renders a LoadSummary.
@@ -865,6 +985,7 @@ type htmlRoute struct {
 	Charts                []htmlChart
 	HasBaseline           bool
 	Loads                 string // the loads line, "" when not measured
+	ScopeText             string // what the verdict judged, "" when unknown
 }
 
 type htmlRow struct {
@@ -974,6 +1095,9 @@ func htmlRoutes(r Report) []htmlRoute {
 		if l := rr.Loads; l != nil {
 			h.Loads = loadsLine(*l)
 		}
+		if rr.Scope != "" {
+			h.ScopeText = scopeLine(rr)
+		}
 		out = append(out, h)
 	}
 	return out
@@ -1006,13 +1130,14 @@ svg rect.p{fill:#1f77b4}svg rect.b{fill:#2ca02c}svg rect.c{fill:#ff7f0e}svg text
 </style></head><body>
 <h1>Sluice shadow report</h1>
 <p class="muted">Generated {{ts .Generated}}. The candidate against its reference on mirrored traffic: the baseline (the primary's version in a sandbox, asked at the same moment) when the route has one, else the primary. A difference counts only when it is significant and beyond its bound (latency: Wilcoxon signed-rank on the same requests' baseline and candidate latencies, effect the ratio of medians with its confidence interval; without a baseline Mann-Whitney U, and only when both sides served alike loads. Rates: two-proportion or Fisher. Similarity: against the noise floor, the primary against the baseline or a replica).</p>
+{{with .Store}}<p class="muted">{{.}}</p>{{end}}
 {{if not .Routes}}<p>No mirrored routes (no route has a mirror block, or the store is empty).</p>{{end}}
 {{range .Routes}}
 <section>
 <h2>Route {{.Route}}</h2>
 {{if or .PrimaryCluster .BaselineCluster .CandidateCluster}}<p>primary <b>{{.PrimaryCluster}}</b>{{if .BaselineCluster}}, baseline <b>{{.BaselineCluster}}</b>{{end}}, candidate <b>{{.CandidateCluster}}</b></p>{{end}}
 <div class="banner {{.Class}}">{{.Decision}}{{if .Verdict}} — {{.Verdict.Reason}}{{end}}
-<small>{{if .When}}verdict {{.When}}{{end}}{{if .Action}}; action {{.Action}}{{end}}</small></div>
+<small>{{if .When}}verdict {{.When}}{{end}}{{if .Action}}; action {{.Action}}{{end}}{{if .ScopeText}}<br>{{.ScopeText}}{{end}}</small></div>
 <p>Mirror: offered {{.Mirror.Offered}}, mirrored {{.Mirror.Mirrored}}, dropped {{.Mirror.Dropped}}, compared {{.Mirror.Compared}}, incomplete {{.Mirror.Incomplete}}{{if not .Mirror.Sides}}, failed {{.Mirror.Failed}}, replicas {{.Mirror.Replicas}}{{end}}.</p>
 {{if .Mirror.Sides}}<table class="sides"><tr><th>side</th><th>cluster</th><th>sent</th><th>failed</th><th>compared</th></tr>
 {{range .Mirror.Sides}}<tr><td>{{.Side}}</td><td>{{.Cluster}}</td><td class="num">{{.Sent}}</td><td class="num">{{.Failed}}</td><td class="num">{{.Compared}}</td></tr>
@@ -1045,7 +1170,7 @@ Loads: {{.Loads}}.{{end}}</p>
 {{if .History}}
 <h3>Verdict history</h3>
 <table><tr><th>time</th><th>decision</th><th>pairs</th><th>replicas</th><th>action</th><th>reason</th></tr>
-{{range .History}}<tr><td>{{ts .Time}}</td><td class="{{low .Decision}}">{{up .Decision}}</td><td class="num">{{.Pairs}}</td><td class="num">{{.Replicas}}</td><td>{{.Action}}</td><td>{{.Reason}}</td></tr>
+{{range .History}}<tr><td>{{ts .Time}}{{with .Instance}} <span class="muted">by {{.}}</span>{{end}}</td><td class="{{low .Decision}}">{{up .Decision}}</td><td class="num">{{.Pairs}}</td><td class="num">{{.Replicas}}</td><td>{{.Action}}</td><td>{{.Reason}}</td></tr>
 {{end}}</table>
 {{end}}
 {{if .Problems}}
@@ -1068,8 +1193,12 @@ Loads: {{.Loads}}.{{end}}</p>
 func (r Report) WriteHTML(w io.Writer) error {
 	data := struct {
 		Generated time.Time
+		Store     string
 		Routes    []htmlRoute
-	}{r.Generated, htmlRoutes(r)}
+	}{Generated: r.Generated, Routes: htmlRoutes(r)}
+	if r.Store != nil {
+		data.Store = storeLine(*r.Store)
+	}
 	if err := htmlTmpl.Execute(w, data); err != nil {
 		return fmt.Errorf("shadow report: html: %w", err)
 	}

@@ -6,9 +6,23 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/test/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// pgShared is the PostgreSQL server of the package's tests that run against one (started
+// when first asked for, closed after the tests).
+var pgShared pgtest.Shared
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(closeAfter{m}) }
+
+// closeAfter runs the tests, then stops the shared server (before the leak check).
+type closeAfter struct{ m *testing.M }
+
+func (c closeAfter) Run() int {
+	defer pgShared.Close()
+	return c.m.Run()
+}
 
 func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
 

@@ -38,7 +38,7 @@ const (
 
 // SchemaVersion is the version of the store's tables this binary writes. A store
 // written by a newer binary is refused rather than misread.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // PairRecord is one stored mirrored pair, or triple: the redacted request, the primary's
 // and the candidate's answers (the baseline's, when the route has one; the replica's, when
@@ -55,10 +55,13 @@ type PairRecord struct {
 	// CandidateID names the candidate compared (the sandbox cluster, "/model" when the
 	// mirror rewrites it): a new candidate's comparison does not restore an old one's pairs.
 	CandidateID string
-	Time        time.Time // when the primary's answer completed
-	RequestID   string    // the gateway's request id, if any
-	Session     string    // the hash of the session (never the session id itself)
-	Endpoint    string    // the request path, e.g. /v1/chat/completions
+	// Instance names the gateway that mirrored the pair (shadow.instance: its host name by
+	// default), so that a store the replicas of a fleet share tells whose pairs are whose.
+	Instance  string
+	Time      time.Time // when the primary's answer completed
+	RequestID string    // the gateway's request id, if any
+	Session   string    // the hash of the session (never the session id itself)
+	Endpoint  string    // the request path, e.g. /v1/chat/completions
 	// Request is the redacted request body (see Redact); nil when not kept.
 	Request json.RawMessage
 	// Primary and Candidate are the two answers (text bounded by MaxStoredText).
@@ -111,21 +114,32 @@ type VerdictRecord struct {
 	Pairs       int64 // pairs behind the verdict (the gateway stores the accumulator's totals)
 	Replicas    int64 // replica comparisons (noise-floor samples) behind it
 	Action      string
+	// Instance names the gateway that judged (see PairRecord.Instance).
+	Instance string
 }
 
-// Store keeps pairs and verdicts in an embedded SQLite database. It is safe for concurrent
-// use.
+// Store keeps pairs and verdicts in an embedded SQLite database, or in a PostgreSQL
+// database that the replicas of a fleet share. It is safe for concurrent use.
 type Store struct {
 	db         *sql.DB
-	path       string
+	d          dialect
+	path       string // the file, or the URL with its password masked
 	sessionKey []byte
 }
 
+// c is the store's database in its dialect.
+func (s *Store) c() conn { return conn{q: s.db, d: s.d} }
+
 // OpenStore opens (creating if needed) the store at path; "" or ":memory:" keeps it in
 // memory for the life of the Store. A file store uses WAL mode, so a report can read it
-// while the gateway writes, and waits up to 5 s for a lock. The tables are created or
-// migrated to SchemaVersion.
+// while the gateway writes, and waits up to 5 s for a lock. A postgres:// or postgresql://
+// URL opens that PostgreSQL database instead (IsPostgresURL), shared by every replica that
+// names it. The tables are created or migrated to SchemaVersion (under an advisory lock in
+// PostgreSQL, so that replicas starting together migrate once).
 func OpenStore(ctx context.Context, path string) (*Store, error) {
+	if IsPostgresURL(path) {
+		return openPostgresStore(ctx, path)
+	}
 	mem := path == "" || path == ":memory:"
 	var dsn string
 	if mem {
@@ -148,7 +162,7 @@ func OpenStore(ctx context.Context, path string) (*Store, error) {
 		// One writer at a time anyway; a few readers for reports.
 		db.SetMaxOpenConns(4)
 	}
-	s := &Store{db: db, path: path}
+	s := &Store{db: db, d: sqliteDialect, path: path}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("shadow store %s: %w", describePath(path), err)
@@ -156,6 +170,25 @@ func OpenStore(ctx context.Context, path string) (*Store, error) {
 	if err := db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'session_key'`).Scan(&s.sessionKey); err != nil || len(s.sessionKey) < 16 {
 		db.Close()
 		return nil, fmt.Errorf("shadow store %s: session key: %v", describePath(path), err)
+	}
+	return s, nil
+}
+
+// openPostgresStore opens and migrates the PostgreSQL store of dsn.
+func openPostgresStore(ctx context.Context, dsn string) (*Store, error) {
+	where := RedactDSN(dsn)
+	db, err := openPostgres(ctx, dsn, false)
+	if err != nil {
+		return nil, fmt.Errorf("shadow store %s: %w", where, err)
+	}
+	s := &Store{db: db, d: postgresDialect, path: where}
+	if err := s.migratePostgres(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: %w", where, err)
+	}
+	if err := s.c().queryRow(ctx, `SELECT value FROM meta WHERE key = 'session_key'`).Scan(&s.sessionKey); err != nil || len(s.sessionKey) < 16 {
+		db.Close()
+		return nil, fmt.Errorf("shadow store %s: session key: %v", where, err)
 	}
 	return s, nil
 }
@@ -171,15 +204,29 @@ func (s *Store) SessionHash(session string) string {
 // OpenStoreReadOnly opens an existing store file for reading only (reports and exports
 // from the command line, while a gateway may be writing it): nothing is created or
 // migrated, and a store of another schema version is refused with what to do.
+//
+// A postgres:// URL opens that database with every transaction read-only.
 func OpenStoreReadOnly(ctx context.Context, path string) (*Store, error) {
-	esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
-	db, err := sql.Open("sqlite", "file:"+esc+"?mode=ro&_pragma=busy_timeout(5000)")
-	if err != nil {
-		return nil, fmt.Errorf("shadow store %s: %w", path, err)
+	s := &Store{d: sqliteDialect, path: path}
+	if IsPostgresURL(path) {
+		s.d, s.path = postgresDialect, RedactDSN(path)
+		db, err := openPostgres(ctx, path, true)
+		if err != nil {
+			return nil, fmt.Errorf("shadow store %s: %w", s.path, err)
+		}
+		s.db = db
+	} else {
+		esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+		db, err := sql.Open("sqlite", "file:"+esc+"?mode=ro&_pragma=busy_timeout(5000)")
+		if err != nil {
+			return nil, fmt.Errorf("shadow store %s: %w", path, err)
+		}
+		db.SetMaxOpenConns(2)
+		s.db = db
 	}
-	db.SetMaxOpenConns(2)
+	path, db := s.path, s.db
 	var v int
-	if err := db.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v); err != nil {
+	if err := s.c().queryRow(ctx, `SELECT version FROM schema_version`).Scan(&v); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("shadow store %s: not a Sluice shadow store (%v)", path, err)
 	}
@@ -191,8 +238,7 @@ func OpenStoreReadOnly(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("shadow store %s: schema version %d is older than this binary's %d: start the gateway (it migrates the store) or use the sluice that wrote it", path, v, SchemaVersion)
 	}
-	s := &Store{db: db, path: path}
-	if err := db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'session_key'`).Scan(&s.sessionKey); err != nil {
+	if err := s.c().queryRow(ctx, `SELECT value FROM meta WHERE key = 'session_key'`).Scan(&s.sessionKey); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("shadow store %s: session key: %w", path, err)
 	}
@@ -206,8 +252,24 @@ func describePath(p string) string {
 	return p
 }
 
-// Path returns the file the store lives in ("" or ":memory:" in memory).
+// Path returns the file the store lives in ("" or ":memory:" in memory), or its
+// PostgreSQL URL with the password masked.
 func (s *Store) Path() string { return s.path }
+
+// Shared reports whether the store is a PostgreSQL database that several replicas may
+// share (their pairs are judged together: FleetInput).
+func (s *Store) Shared() bool { return s.d.dollar }
+
+// Kind is "postgres", "sqlite" (a file) or "memory".
+func (s *Store) Kind() string {
+	switch {
+	case s.d.dollar:
+		return "postgres"
+	case s.path == "" || s.path == ":memory:":
+		return "memory"
+	}
+	return "sqlite"
+}
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
@@ -260,18 +322,21 @@ func prefixed(p string, cols []string) []string {
 	return out
 }
 
-func colDefs(p string) string {
-	types := map[string]string{"status": "INTEGER", "error_class": "TEXT", "ttft_ms": "REAL", "itl_ms": "REAL",
-		"e2e_ms": "REAL", "output_tokens": "INTEGER", "finish_reason": "TEXT", "text": "TEXT", "tool_calls": "TEXT",
-		"ok": "INTEGER", "abnormal": "INTEGER", "json_valid": "INTEGER", "schema_checked": "INTEGER",
-		"schema_broken": "INTEGER", "tool_checked": "INTEGER", "tool_broken": "INTEGER", "problems": "TEXT"}
+func colDefs(p string) string { return colDefsIn(sqliteDialect, p) }
+
+// colDefsIn writes the columns of one side, prefixed p, with the types of dialect d.
+func colDefsIn(d dialect, p string) string {
+	kinds := map[string]string{"status": "int", "error_class": "text", "ttft_ms": "real", "itl_ms": "real",
+		"e2e_ms": "real", "output_tokens": "int", "finish_reason": "text", "text": "text", "tool_calls": "text",
+		"ok": "bool", "abnormal": "bool", "json_valid": "bool", "schema_checked": "bool",
+		"schema_broken": "bool", "tool_checked": "bool", "tool_broken": "bool", "problems": "text"}
 	cols := answerCols
 	if p != "r_" {
 		cols = append(append([]string(nil), answerCols...), checkCols...)
 	}
 	var b strings.Builder
 	for _, c := range cols {
-		fmt.Fprintf(&b, ",\n\t%s%s %s", p, c, types[c])
+		fmt.Fprintf(&b, ",\n\t%s%s %s", p, c, d.colType(kinds[c]))
 	}
 	return b.String()
 }
@@ -318,8 +383,27 @@ INSERT INTO meta (key, value) VALUES ('session_key', randomblob(32));`,
 	// floor) and the loads each side's cluster served when the request was sent to it.
 	addColumns("b_present INTEGER NOT NULL DEFAULT 0" + colDefs("b_") +
 		",\n\tnoise_similarity REAL,\n\tload_primary REAL,\n\tload_baseline REAL,\n\tload_candidate REAL"),
-	// 5: each side's confidence (its answer's logprobs summarised), a verdict metric.
+	// 5: the gateway a pair or verdict came from (in a store the replicas of a fleet share),
+	// and the request rates each gateway measured, judged together with the pairs.
+	`ALTER TABLE pairs ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+ALTER TABLE verdicts ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+` + ratesTable(sqliteDialect),
+	// 6: each side's confidence (its answer's logprobs summarised), a verdict metric.
 	addColumns(confDefs("p_") + confDefs("b_") + confDefs("c_")),
+}
+
+// ratesTable creates the table of request rates: per route, candidate and gateway instance
+// the latest rates per endpoint it measured (see RateRecord).
+func ratesTable(d dialect) string {
+	return `CREATE TABLE rates (
+	route TEXT NOT NULL,
+	candidate TEXT NOT NULL,
+	instance TEXT NOT NULL,
+	ts_ns ` + d.colType("bigint") + ` NOT NULL,
+	reference_rate ` + d.colType("real") + ` NOT NULL,
+	candidate_rate ` + d.colType("real") + ` NOT NULL,
+	PRIMARY KEY (route, candidate, instance)
+)`
 }
 
 // addColumns turns a list of column definitions (as colDefs writes them, comma separated)
@@ -509,7 +593,7 @@ func nullFloat(v float64, valid bool) any {
 // must already be redacted (NewPairRecord does it) and is stored only if it is JSON.
 func (s *Store) AddPair(ctx context.Context, r PairRecord) error {
 	if r.Route == "" {
-		return errors.New("shadow store: add pair: route is empty")
+		return fmt.Errorf("shadow store: add pair: %w", errNoRoute)
 	}
 	cols := []string{"route", "ts_ns", "request_id", "session_hash", "endpoint", "request"}
 	var req any
@@ -565,16 +649,16 @@ func (s *Store) AddPair(ctx context.Context, r PairRecord) error {
 	if err != nil {
 		return fmt.Errorf("shadow store: add pair: %w", err)
 	}
-	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate", "noise_similarity")
+	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate", "noise_similarity", "instance")
 	vals = append(vals, nullFloat(r.Result.Similarity, r.Result.SimilarityValid),
 		nullFloat(r.ReplicaSimilarity, r.ReplicaValid), r.Result.ToolNamesMatch, notes, cut(r.CandidateID, MaxNameLen),
-		nullFloat(r.Result.NoiseSimilarity, r.Result.NoiseValid))
+		nullFloat(r.Result.NoiseSimilarity, r.Result.NoiseValid), cut(r.Instance, MaxNameLen))
 	if l := r.Result.Loads; loadsValid(l) {
 		cols = append(cols, "load_primary", "load_baseline", "load_candidate")
 		vals = append(vals, l.Primary, l.Baseline, l.Candidate)
 	}
 	q := "INSERT INTO pairs (" + strings.Join(cols, ", ") + ") VALUES (" + strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
-	if _, err := s.db.ExecContext(ctx, q, vals...); err != nil {
+	if _, err := s.c().exec(ctx, q, vals...); err != nil {
 		return fmt.Errorf("shadow store: add pair: %w", err)
 	}
 	return nil
@@ -583,7 +667,7 @@ func (s *Store) AddPair(ctx context.Context, r PairRecord) error {
 // AddVerdict stores one verdict with its evidence.
 func (s *Store) AddVerdict(ctx context.Context, v VerdictRecord) error {
 	if v.Route == "" {
-		return errors.New("shadow store: add verdict: route is empty")
+		return fmt.Errorf("shadow store: add verdict: %w", errNoRoute)
 	}
 	ev := v.Verdict.Evidence
 	if ev == nil {
@@ -597,9 +681,10 @@ func (s *Store) AddVerdict(ctx context.Context, v VerdictRecord) error {
 	if ts.IsZero() {
 		ts = time.Now()
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO verdicts (route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, cut(v.Route, MaxNameLen), ts.UnixNano(), cut(string(v.Verdict.Decision), MaxNameLen),
-		cut(v.Verdict.Reason, MaxProblemLen*4), string(b), v.Pairs, v.Replicas, cut(v.Action, MaxNameLen), cut(v.CandidateID, MaxNameLen))
+	_, err = s.c().exec(ctx, `INSERT INTO verdicts (route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, cut(v.Route, MaxNameLen), ts.UnixNano(), cut(string(v.Verdict.Decision), MaxNameLen),
+		cut(v.Verdict.Reason, MaxProblemLen*4), string(b), v.Pairs, v.Replicas, cut(v.Action, MaxNameLen), cut(v.CandidateID, MaxNameLen),
+		cut(v.Instance, MaxNameLen))
 	if err != nil {
 		return fmt.Errorf("shadow store: add verdict: %w", err)
 	}
@@ -652,7 +737,7 @@ var pairSelect = func() string {
 	cols = append(append(cols, "r_present"), prefixed("r_", answerCols)...)
 	cols = append(cols, "similarity", "replica_similarity", "tool_names_match", "notes", "candidate")
 	cols = append(append(cols, "b_present"), side("b_")...)
-	cols = append(cols, "noise_similarity", "load_primary", "load_baseline", "load_candidate")
+	cols = append(cols, "noise_similarity", "load_primary", "load_baseline", "load_candidate", "instance")
 	for _, p := range []string{"p_", "b_", "c_"} {
 		cols = append(cols, prefixed(p, confCols)...)
 	}
@@ -752,6 +837,7 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 	dest = append(dest, &sim, &repSim, &namesMatch, &notes, &r.CandidateID)
 	dest = append(append(append(dest, &bPresent), ba.dest()...), bc.dest()...)
 	dest = append(append(dest, &noise), loads.dest()...)
+	dest = append(dest, &r.Instance)
 	dest = append(append(append(dest, pcf.dest()...), bcf.dest()...), ccf.dest()...)
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
@@ -824,12 +910,12 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 // Pairs returns up to limit pairs of route ("" for every route), newest first (limit ≤ 0:
 // DefaultQueryLimit; at most MaxQueryLimit).
 func (s *Store) Pairs(ctx context.Context, route string, limit int) ([]PairRecord, error) {
-	return newest(ctx, s.db, "pairs", pairSelect, route, limit, scanPair)
+	return newest(ctx, s.c(), "pairs", pairSelect, route, limit, scanPair)
 }
 
 // Verdicts returns up to limit verdicts of route ("" for every route), newest first.
 func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
-	return newest(ctx, s.db, "verdicts", "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate", route, limit, scanVerdict)
+	return newest(ctx, s.c(), "verdicts", "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance", route, limit, scanVerdict)
 }
 
 func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
@@ -839,7 +925,7 @@ func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
 		decision string
 		evidence string
 	)
-	if err := rows.Scan(&v.ID, &v.Route, &tsNS, &decision, &v.Verdict.Reason, &evidence, &v.Pairs, &v.Replicas, &v.Action, &v.CandidateID); err != nil {
+	if err := rows.Scan(&v.ID, &v.Route, &tsNS, &decision, &v.Verdict.Reason, &evidence, &v.Pairs, &v.Replicas, &v.Action, &v.CandidateID, &v.Instance); err != nil {
 		return v, err
 	}
 	v.Time = time.Unix(0, tsNS)
@@ -851,7 +937,7 @@ func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
 }
 
 // newest runs SELECT cols FROM table [WHERE route = ?] newest first, scanning each row.
-func newest[T any](ctx context.Context, db *sql.DB, table, cols, route string, limit int, scan func(*sql.Rows) (T, error)) ([]T, error) {
+func newest[T any](ctx context.Context, db conn, table, cols, route string, limit int, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	q := "SELECT " + cols + " FROM " + table
 	args := []any{}
 	if route != "" {
@@ -860,7 +946,7 @@ func newest[T any](ctx context.Context, db *sql.DB, table, cols, route string, l
 	}
 	q += " ORDER BY ts_ns DESC, id DESC LIMIT ?"
 	args = append(args, clampLimit(limit))
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := db.query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("shadow store: %s: %w", table, err)
 	}
@@ -881,7 +967,7 @@ func newest[T any](ctx context.Context, db *sql.DB, table, cols, route string, l
 
 // Routes returns the routes that have pairs or verdicts, sorted.
 func (s *Store) Routes(ctx context.Context) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT route FROM pairs UNION SELECT DISTINCT route FROM verdicts`)
+	rows, err := s.c().query(ctx, `SELECT DISTINCT route FROM pairs UNION SELECT DISTINCT route FROM verdicts`)
 	if err != nil {
 		return nil, fmt.Errorf("shadow store: routes: %w", err)
 	}
@@ -913,7 +999,7 @@ func (s *Store) Count(ctx context.Context, route string) (pairs, verdicts int64,
 			q += " WHERE route = ?"
 			args = append(args, route)
 		}
-		if err := s.db.QueryRowContext(ctx, q, args...).Scan(t.n); err != nil {
+		if err := s.c().queryRow(ctx, q, args...).Scan(t.n); err != nil {
 			return 0, 0, fmt.Errorf("shadow store: count %s: %w", t.table, err)
 		}
 	}
@@ -922,6 +1008,7 @@ func (s *Store) Count(ctx context.Context, route string) (pairs, verdicts int64,
 
 // Prune keeps the newest keep pairs and the newest keep verdicts of route and deletes the
 // older ones; route "" prunes every route (keep per route). keep ≤ 0 deletes all of them.
+// Request rates older than RateRetention before the route's newest are deleted too.
 func (s *Store) Prune(ctx context.Context, route string, keep int) error {
 	routes := []string{route}
 	if route == "" {
@@ -935,9 +1022,18 @@ func (s *Store) Prune(ctx context.Context, route string, keep int) error {
 		for _, table := range []string{"pairs", "verdicts"} {
 			// The rows past the newest keep: usually few, found along the (route, ts_ns, id) index.
 			q := "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table +
-				" WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT -1 OFFSET ?)"
-			if _, err := s.db.ExecContext(ctx, q, r, keep); err != nil {
+				" WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT " + s.d.noLimit + " OFFSET ?)"
+			if _, err := s.c().exec(ctx, q, r, keep); err != nil {
 				return fmt.Errorf("shadow store: prune %s of %q: %w", table, r, err)
+			}
+		}
+		if _, err := s.c().exec(ctx, `DELETE FROM rates WHERE route = ? AND ts_ns < (SELECT MAX(ts_ns) FROM rates WHERE route = ?) - ?`,
+			r, r, int64(RateRetention)); err != nil {
+			return fmt.Errorf("shadow store: prune rates of %q: %w", r, err)
+		}
+		if keep == 0 {
+			if _, err := s.c().exec(ctx, `DELETE FROM rates WHERE route = ?`, r); err != nil {
+				return fmt.Errorf("shadow store: prune rates of %q: %w", r, err)
 			}
 		}
 	}
@@ -946,7 +1042,8 @@ func (s *Store) Prune(ctx context.Context, route string, keep int) error {
 
 // restoreSelect reads only what Accumulator.Add and AddReplicaSimilarity need (no texts):
 // per side status … output_tokens and ok … tool_broken, the similarity, whether a baseline
-// answered, the loads, the noise-floor samples and the sides' confidence.
+// answered, the loads, the noise-floor samples and the sides' confidence; and the gateway
+// that mirrored the pair.
 var restoreSelect = func() string {
 	var cols []string
 	side := func(p string) {
@@ -957,7 +1054,7 @@ var restoreSelect = func() string {
 	side("c_")
 	cols = append(cols, "similarity", "b_present")
 	side("b_")
-	cols = append(cols, "load_primary", "load_baseline", "load_candidate", "noise_similarity", "replica_similarity")
+	cols = append(cols, "load_primary", "load_baseline", "load_candidate", "noise_similarity", "replica_similarity", "instance")
 	for _, p := range []string{"p_", "b_", "c_"} {
 		cols = append(cols, prefixed(p, confCols)...)
 	}
@@ -979,9 +1076,17 @@ const RestoreDepth = 4
 // accumulator of the same window then holds what the live one held (its totals count the
 // pairs replayed). candidate "" means the candidate of the route's newest pair. window ≤ 0
 // means DefaultWindow. On an error acc may hold part of the pairs.
+//
+// In a shared store the pairs are every gateway's, ordered by time and then by the order
+// the database stored them: the same accumulator whichever gateway restores it.
 func (s *Store) Restore(ctx context.Context, route, candidate string, acc *Accumulator, window int) error {
+	_, err := s.restore(ctx, s.c(), route, candidate, acc, window)
+	return err
+}
+
+func (s *Store) restore(ctx context.Context, c conn, route, candidate string, acc *Accumulator, window int) (replayed, error) {
 	if acc == nil {
-		return errors.New("shadow store: restore: nil accumulator")
+		return replayed{}, errors.New("shadow store: restore: nil accumulator")
 	}
 	if window <= 0 {
 		window = DefaultWindow
@@ -989,39 +1094,97 @@ func (s *Store) Restore(ctx context.Context, route, candidate string, acc *Accum
 	window = min(window, MaxQueryLimit)
 	depth := window * RestoreDepth
 	if candidate == "" {
-		err := s.db.QueryRowContext(ctx, `SELECT candidate FROM pairs WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT 1`, route).Scan(&candidate)
+		err := c.queryRow(ctx, `SELECT candidate FROM pairs WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT 1`, route).Scan(&candidate)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("shadow store: restore %q: %w", route, err)
+			return replayed{}, fmt.Errorf("shadow store: restore %q: %w", route, err)
 		}
 	}
-	n, err := s.replay(ctx, route, candidate, depth, acc)
+	n, err := replay(ctx, c, route, candidate, depth, window, acc)
+	n.candidate = candidate
 	if err != nil {
-		return fmt.Errorf("shadow store: restore %q: %w", route, err)
+		return n, fmt.Errorf("shadow store: restore %q: %w", route, err)
 	}
 	// Replicas are sparse (a fraction of the pairs): the live noise floor may reach back past
 	// the pairs replayed. Filling it up to window, no sample is evicted, so the order of
 	// these older ones does not matter. (A route with a baseline has none: not searched.)
 	if n.rows == depth && (n.replicas > 0 || n.triples == 0) && n.noise < window {
-		older, err := s.olderReplicas(ctx, route, candidate, depth, window-n.noise)
+		older, err := olderReplicas(ctx, c, route, candidate, depth, window-n.noise)
 		if err != nil {
-			return fmt.Errorf("shadow store: restore %q noise floor: %w", route, err)
+			return n, fmt.Errorf("shadow store: restore %q noise floor: %w", route, err)
 		}
 		for _, v := range older {
 			acc.AddReplicaSimilarity(v)
 		}
 	}
-	return nil
+	return n, nil
 }
 
 // replayed counts what replay added: pairs, triples among them, noise-floor samples, and
-// replicas among these.
-type replayed struct{ rows, triples, noise, replicas int }
+// replicas among these; and which gateway instance mirrored each of the newest window
+// pairs.
+type replayed struct {
+	rows, triples, noise, replicas int
+	sources                        sourceRing
+	candidate                      string // the candidate replayed
+}
 
-// replay adds the newest depth pairs of route and candidate to acc, oldest first.
-func (s *Store) replay(ctx context.Context, route, candidate string, depth int, acc *Accumulator) (replayed, error) {
-	var n replayed
-	rows, err := s.db.QueryContext(ctx, "SELECT "+restoreSelect+" FROM (SELECT "+restoreSelect+", ts_ns, id FROM pairs"+
-		" WHERE route = ? AND candidate = ? ORDER BY ts_ns DESC, id DESC LIMIT ?) ORDER BY ts_ns, id", route, candidate, depth)
+// maxSources bounds the gateway instances a fleet input names (the others count as
+// otherSources).
+const (
+	maxSources   = 64
+	otherSources = "(others)"
+)
+
+// sourceRing keeps the instance of the newest window pairs replayed, as indexes into names.
+type sourceRing struct {
+	names []string
+	index map[string]int
+	ring  []int
+	next  int
+	full  bool
+}
+
+func newSourceRing(window int) sourceRing {
+	return sourceRing{index: map[string]int{}, ring: make([]int, window)}
+}
+
+func (r *sourceRing) add(name string) {
+	i, ok := r.index[name]
+	if !ok {
+		if len(r.names) >= maxSources {
+			name = otherSources
+		}
+		if i, ok = r.index[name]; !ok {
+			i = len(r.names)
+			r.names = append(r.names, name)
+			r.index[name] = i
+		}
+	}
+	r.ring[r.next] = i
+	if r.next++; r.next == len(r.ring) {
+		r.next, r.full = 0, true
+	}
+}
+
+// counts returns the pairs of each instance in the ring, by name.
+func (r *sourceRing) counts() map[string]int {
+	n := r.next
+	if r.full {
+		n = len(r.ring)
+	}
+	out := map[string]int{}
+	for _, i := range r.ring[:n] {
+		out[r.names[i]]++
+	}
+	return out
+}
+
+// replay adds the newest depth pairs of route and candidate to acc, oldest first, noting
+// the instances of the newest window.
+func replay(ctx context.Context, c conn, route, candidate string, depth, window int, acc *Accumulator) (replayed, error) {
+	n := replayed{sources: newSourceRing(window)}
+	rows, err := c.query(ctx, "SELECT "+restoreSelect+" FROM (SELECT "+restoreSelect+", ts_ns, id FROM pairs"+
+		" WHERE route = ? AND candidate = ? ORDER BY ts_ns DESC, id DESC LIMIT ?) AS recent ORDER BY ts_ns, id", route, candidate, depth)
 	if err != nil {
 		return n, err
 	}
@@ -1036,13 +1199,14 @@ func (s *Store) replay(ctx context.Context, route, candidate string, depth int, 
 			noise, repl sql.NullFloat64
 			pcf, bcf    confScan
 			ccf         confScan
+			source      sql.NullString
 		)
 		side := func(a *answerScan, c *checkScan) []any {
 			return append([]any{&a.status, &a.errClass, &a.ttft, &a.itl, &a.e2e, &a.tokens}, c.dest()[:7]...)
 		}
 		dest := append(append(side(&pa, &pc), side(&ca, &cc)...), &sim, &bPresent)
 		dest = append(append(dest, side(&ba, &bc)...), loads.dest()...)
-		dest = append(dest, &noise, &repl)
+		dest = append(dest, &noise, &repl, &source)
 		dest = append(append(append(dest, pcf.dest()...), bcf.dest()...), ccf.dest()...)
 		if err := rows.Scan(dest...); err != nil {
 			return n, err
@@ -1063,6 +1227,7 @@ func (s *Store) replay(ctx context.Context, route, candidate string, depth int, 
 		}
 		acc.Add(r)
 		n.rows++
+		n.sources.add(source.String)
 		if r.NoiseValid {
 			n.noise++
 		}
@@ -1077,8 +1242,8 @@ func (s *Store) replay(ctx context.Context, route, candidate string, depth int, 
 
 // olderReplicas returns, newest first, up to window replica similarities of route and
 // candidate's pairs older than the newest skip.
-func (s *Store) olderReplicas(ctx context.Context, route, candidate string, skip, window int) ([]float64, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT replica_similarity FROM pairs
+func olderReplicas(ctx context.Context, c conn, route, candidate string, skip, window int) ([]float64, error) {
+	rows, err := c.query(ctx, `SELECT replica_similarity FROM pairs
 		WHERE route = ? AND candidate = ? AND replica_similarity IS NOT NULL
 		AND (ts_ns, id) < (SELECT ts_ns, id FROM pairs WHERE route = ? AND candidate = ? ORDER BY ts_ns DESC, id DESC LIMIT 1 OFFSET ?)
 		ORDER BY ts_ns DESC, id DESC LIMIT ?`, route, candidate, route, candidate, skip-1, window)

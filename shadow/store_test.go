@@ -6,12 +6,12 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -106,13 +106,15 @@ func mkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
 
 func sortFloats(xs []float64) { sort.Float64s(xs) }
 
-func openTestStores(t *testing.T) map[string]func() *Store {
+// openTestStores returns openers of a store of each kind: in memory, a SQLite file, and a
+// PostgreSQL database (its own, on the package's shared server; skipped without one).
+func openTestStores(t *testing.T) map[string]func(*testing.T) *Store {
 	t.Helper()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "shadow.db")
-	open := func(p string) func() *Store {
-		return func() *Store {
-			s, err := OpenStore(ctx, p)
+	open := func(p func(*testing.T) string) func(*testing.T) *Store {
+		return func(t *testing.T) *Store {
+			s, err := OpenStore(ctx, p(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +122,9 @@ func openTestStores(t *testing.T) map[string]func() *Store {
 			return s
 		}
 	}
-	return map[string]func() *Store{"memory": open(""), "file": open(path)}
+	fixed := func(p string) func(*testing.T) string { return func(*testing.T) string { return p } }
+	return map[string]func(*testing.T) *Store{"memory": open(fixed("")), "file": open(fixed(path)),
+		"postgres": open(func(t *testing.T) string { return pgShared.DB(t) })}
 }
 
 func TestStoreRoundTrip(t *testing.T) {
@@ -128,7 +132,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	t0 := time.Date(2025, 3, 4, 5, 6, 7, 891011121, time.UTC)
 	for name, open := range openTestStores(t) {
 		t.Run(name, func(t *testing.T) {
-			s := open()
+			s := open(t)
 			want := []PairRecord{testPair("chat", 0, t0, false), testPair("chat", 1, t0.Add(time.Second), true),
 				testPair("other", 2, t0.Add(2*time.Second), false)}
 			for _, p := range want {
@@ -177,7 +181,7 @@ func TestStoreVerdicts(t *testing.T) {
 	t0 := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
 	for name, open := range openTestStores(t) {
 		t.Run(name, func(t *testing.T) {
-			s := open()
+			s := open(t)
 			v := Verdict{Decision: Rollback, Reason: "regression: [ttft]", Evidence: []Evidence{
 				{Metric: MetricTTFT, Test: StatMannWhitney, NPrimary: 60, NCandidate: 60, P: 1e-9, Effect: 0.3, Bound: 0.1, Verdict: Regression},
 				{Metric: MetricE2E, Test: StatMannWhitney, P: 0.5, Effect: posInf(), Verdict: Inconclusive},
@@ -361,7 +365,7 @@ func TestStoreTripleRoundTrip(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
 	for name, open := range openTestStores(t) {
 		t.Run(name, func(t *testing.T) {
-			s := open()
+			s := open(t)
 			ok := testTriple("chat", 0, t0, true)
 			failed := testTriple("chat", 2, t0.Add(time.Second), false) // the baseline failed
 			checksOnly := testTriple("chat", 4, t0.Add(2*time.Second), false)
@@ -397,7 +401,7 @@ func TestStoreTripleRoundTrip(t *testing.T) {
 				t.Errorf("checks only: %+v", c)
 			}
 			var n int
-			if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM pairs WHERE b_present = 1 AND load_baseline = 2`).Scan(&n); err != nil || n != 3 {
+			if err := s.c().queryRow(ctx, `SELECT COUNT(*) FROM pairs WHERE b_present AND load_baseline = 2`).Scan(&n); err != nil || n != 3 {
 				t.Errorf("%d rows with a baseline and its load, %v", n, err)
 			}
 		})
@@ -456,7 +460,7 @@ func TestStoreMigratesFromV3(t *testing.T) {
 	}
 	db.Close()
 
-	if _, err := OpenStoreReadOnly(ctx, path); err == nil || !strings.Contains(err.Error(), "older than this binary's "+strconv.Itoa(SchemaVersion)) {
+	if _, err := OpenStoreReadOnly(ctx, path); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("older than this binary's %d", SchemaVersion)) {
 		t.Fatalf("read-only open of a version 3 store: %v", err)
 	}
 	s, err := OpenStore(ctx, path)
@@ -541,7 +545,7 @@ func TestStoreConcurrent(t *testing.T) {
 	ctx := context.Background()
 	for name, open := range openTestStores(t) {
 		t.Run(name, func(t *testing.T) {
-			s := open()
+			s := open(t)
 			const writers, each = 8, 15
 			errs := make(chan error, writers*2)
 			var wg sync.WaitGroup

@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/shadow"
 )
 
 // DefaultRouteConfig is the RouteConfiguration a client subscribes to when the bootstrap names
@@ -51,7 +52,8 @@ type Bootstrap struct {
 	// with the bearer token /metrics then requires.
 	MetricsTokenEnv string `yaml:"metrics_token_env" json:"metrics_token_env,omitempty"`
 	// LoadSignals and ShadowStore are the replica's own settings that a control plane cannot
-	// change (they need a restart): the file config's load_signals and shadow.store.
+	// change (they need a restart): the file config's load_signals and shadow.store (a
+	// SQLite file, or the postgres:// URL of a store the fleet shares).
 	LoadSignals config.LoadSignals `yaml:"load_signals" json:"load_signals"`
 	// ListenTLS is the gateway listener's certificate and key (the file config's tls); the
 	// files are re-read when they change.
@@ -93,7 +95,7 @@ func LoadBootstrap(file string) (Bootstrap, error) {
 	}
 	dir := filepath.Dir(file)
 	for _, p := range []*string{&b.TLS.CAFile, &b.TLS.CertFile, &b.TLS.KeyFile, &b.PersistPath, &b.ShadowStore, &b.ListenTLS.CertFile, &b.ListenTLS.KeyFile} {
-		if *p != "" && !filepath.IsAbs(*p) {
+		if *p != "" && !filepath.IsAbs(*p) && !shadow.IsPostgresURL(*p) { // a shared store's URL is no path
 			*p = filepath.Join(dir, *p)
 		}
 	}

@@ -231,6 +231,9 @@ func (t *translator) global(c *config.Config, ext *corev3.TypedExtensionConfig) 
 	if g.Shadow.Store != "" {
 		t.add(at, "shadow.store: a replica's own file: give it in the bootstrap file")
 	}
+	if g.Shadow.Instance != "" {
+		t.add(at, "shadow.instance: a replica's own name (its host name by default): not the control plane's")
+	}
 	c.MaxBodyBytes, c.MaxEventBytes, c.DrainTimeout, c.DrainDelay = g.MaxBodyBytes, g.MaxEventBytes, g.DrainTimeout, g.DrainDelay
 	c.Timeouts, c.Chaos = g.Timeouts, g.Chaos
 	c.TrustedProxies, c.Limits, c.CORS = g.TrustedProxies, g.Limits, g.CORS

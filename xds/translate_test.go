@@ -736,10 +736,11 @@ func TestTranslateReplicaOwnSettings(t *testing.T) {
 	ext := &corev3.TypedExtensionConfig{Name: PolicyName, TypedConfig: typedStruct(t, map[string]any{
 		"load_signals": map[string]any{"names": "tgi"},
 		"chaos":        map[string]any{"enabled": true},
-		"shadow":       map[string]any{"store": "/var/lib/sluice/shadow.db"},
+		"shadow":       map[string]any{"store": "/var/lib/sluice/shadow.db", "instance": "gw-1"},
 	})}
 	_, err := Translate(Resources{Policy: ext}, TranslateOptions{})
-	for _, want := range []string{"load_signals: a replica's own setting", "chaos.enabled: fault injection is turned on at a replica's start", "shadow.store: a replica's own file"} {
+	for _, want := range []string{"load_signals: a replica's own setting", "chaos.enabled: fault injection is turned on at a replica's start", "shadow.store: a replica's own file",
+		"shadow.instance: a replica's own name"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
 		}

@@ -45,9 +45,9 @@ func runShadow(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 const shadowUsage = `usage: sluice shadow report [--admin URL] [--token-env NAME] [--json] [--judge] [--html FILE]
-       sluice shadow report --store FILE [--route R] [--window N] [--json] [--html FILE]
+       sluice shadow report --store FILE|URL [--route R] [--window N] [--json] [--html FILE]
        sluice shadow export [--admin URL] [--token-env NAME] [--route R] [--limit N] [--out FILE]
-       sluice shadow export --store FILE [--route R] [--limit N] [--out FILE]
+       sluice shadow export --store FILE|URL [--route R] [--limit N] [--out FILE]
 
 Shadow traffic: the candidate's answers to mirrored requests compared with its reference's:
 the baseline's (the primary's version in a sandbox, asked at the same moment) when the route
@@ -56,7 +56,8 @@ rollback), the mirror's counters per side, the per-metric tests (reference, test
 p; paired latencies as a ratio with its interval), the loads, the latency distributions of
 the primary, baseline and candidate side by side, the similarity against the noise floor,
 the verdict history and recent pair problems. It asks a running gateway (GET /admin/shadow.json)
-or, with --store, reads the SQLite store offline (the window of pairs is rebuilt from it).
+or, with --store, reads the store offline (the window of pairs is rebuilt from it): a SQLite
+file, or the postgres:// URL of a store a fleet shares (judged over every replica's pairs).
 'export' writes stored pairs, redacted, as JSON lines (oldest first) that 'sluice load
 --trace FILE' can replay against a sandbox.
 
@@ -72,7 +73,7 @@ type adminFlags struct {
 func (a *adminFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&a.admin, "admin", "http://127.0.0.1:9090", "base URL of the gateway's admin listener")
 	fs.StringVar(&a.tokenEnv, "token-env", "SLUICE_ADMIN_TOKEN", "environment variable holding the admin bearer token (sent when set)")
-	fs.StringVar(&a.store, "store", "", "read this SQLite shadow store directly instead of asking a gateway (shadow.store in the config)")
+	fs.StringVar(&a.store, "store", "", "read this shadow store directly instead of asking a gateway: the SQLite file or postgres:// URL of shadow.store in the config (read-only)")
 	fs.StringVar(&a.route, "route", "", "only this route (default: every route)")
 	fs.DurationVar(&a.timeout, "timeout", 30*time.Second, "bound on the request to the admin API")
 }
@@ -127,6 +128,7 @@ func runShadowReport(ctx context.Context, args []string, stdout, stderr io.Write
 		if rep, err = shadow.BuildReport(ctx, st, ins); err != nil {
 			return err
 		}
+		rep.Store = &shadow.StoreStatus{Kind: st.Kind(), Location: st.Path(), Shared: st.Shared()}
 	} else {
 		method, path := http.MethodGet, "/admin/shadow.json"
 		if *judge {
@@ -272,8 +274,17 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 }
 
 // openExistingStore opens a store file for reading, refusing to create one (a mistyped
-// path would otherwise give an empty report).
+// path would otherwise give an empty report), or a PostgreSQL store (its URL) read-only.
 func openExistingStore(ctx context.Context, path string) (*shadow.Store, error) {
+	if shadow.IsPostgresURL(path) {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		st, err := shadow.OpenStoreReadOnly(ctx, path)
+		if err != nil {
+			return nil, fmt.Errorf("--store: %w", err)
+		}
+		return st, nil
+	}
 	st, err := os.Stat(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

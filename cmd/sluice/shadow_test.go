@@ -13,14 +13,21 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/shadow"
+	"github.com/sluicegw/sluice/test/pgtest"
 )
 
-// shadowStore writes a small store: 3 pairs and a rollback verdict on route chat, and 3
-// triples (with a baseline, loads measured) on route tri.
+// shadowStore writes a small store file: 3 pairs and a rollback verdict on route chat, and
+// 3 triples (with a baseline, loads measured) on route tri.
 func shadowStore(t *testing.T) string {
 	t.Helper()
+	return shadowStoreAt(t, filepath.Join(t.TempDir(), "shadow.db"))
+}
+
+// shadowStoreAt writes shadowStore's pairs to the store at path (a file or a URL), mirrored
+// by two gateways (instances gw-a and gw-b, in turn).
+func shadowStoreAt(t *testing.T, path string) string {
+	t.Helper()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "shadow.db")
 	st, err := shadow.OpenStore(ctx, path)
 	if err != nil {
 		t.Fatal(err)
@@ -33,6 +40,7 @@ func shadowStore(t *testing.T) string {
 		c.TTFT = 60 * time.Millisecond
 		body := []byte(`{"model":"m","user":"carol","messages":[{"role":"user","content":"hi ` + string(rune('a'+i)) + `"}],"stream":true}`)
 		rec := shadow.NewPairRecord("chat", t0.Add(time.Duration(i)*time.Second), body, p, c, nil, shadow.Compare(shadow.Request{}, p, c))
+		rec.Instance = []string{"gw-a", "gw-b"}[i%2]
 		if err := st.AddPair(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
@@ -48,6 +56,7 @@ func shadowStore(t *testing.T) string {
 		res.Loads = shadow.Loads{Primary: 5, Baseline: 2, Candidate: 3, Valid: true}
 		rec := shadow.NewPairRecord("tri", t0.Add(time.Duration(i)*time.Second), body, p, c, nil, res)
 		rec.SetBaseline(b)
+		rec.Instance = []string{"gw-a", "gw-b"}[i%2]
 		if err := st.AddPair(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
@@ -150,6 +159,51 @@ func TestShadowCommand(t *testing.T) {
 				if b, err := os.ReadFile(out + ".html"); err != nil || !bytes.Contains(b, []byte(`class="banner rollback"`)) {
 					t.Errorf("html report: %v", err)
 				}
+			}
+		})
+	}
+}
+
+// TestShadowCommandPostgres: `sluice shadow report|export --store postgres://…` read a store
+// a fleet shares as they read a file, judged over every gateway's pairs; a bad or
+// unreachable URL fails with what is wrong, never with its password.
+func TestShadowCommandPostgres(t *testing.T) {
+	pg := pgtest.Start(t)
+	store := shadowStoreAt(t, pg.CreateDB(t, "shadow"))
+	down := "postgres://sluice:topsecret@127.0.0.1:1/shadow?sslmode=disable&connect_timeout=2"
+	for _, tt := range []struct {
+		name   string
+		args   []string
+		code   int
+		stdout []string
+		stderr string
+	}{
+		{"report", []string{"shadow", "report", "--store", store}, 0,
+			[]string{"store: postgres " + store + " (shared)", "route chat", "decision: ROLLBACK", "action weight 10→0",
+				"scope:    fleet: every instance's pairs in the shared store (2 instances: gw-a 2, gw-b 1)"}, ""},
+		{"report json", []string{"shadow", "report", "--store", store, "--json"}, 0,
+			[]string{`"stored_pairs": 3`, `"scope": "fleet"`, `"instance": "gw-a"`, `"kind": "postgres"`}, ""},
+		{"report of triples", []string{"shadow", "report", "--store", store, "--route", "tri"}, 0,
+			[]string{"route tri", "noise floor 3 (primary against baseline)", "wilcoxon-signed-rank"}, ""},
+		{"export", []string{"shadow", "export", "--store", store, "--route", "chat", "--limit", "2"}, 0,
+			[]string{`{"route":"chat","ts":"2025-01-02T03:04:06Z"`, `"instance":"gw-b"`}, "exported 2 pairs"},
+		{"bad url", []string{"shadow", "report", "--store", "postgres://sluice:topsecret@db/shadow?sslmode=sometimes"}, 1, nil, "sslmode"},
+		{"unreachable", []string{"shadow", "report", "--store", down}, 1, nil, "postgres://sluice:xxxxx@127.0.0.1:1/shadow"},
+		{"export unreachable", []string{"shadow", "export", "--store", down}, 1, nil, "--store: shadow store"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var o, e bytes.Buffer
+			code := run(tt.args, &o, &e)
+			if code != tt.code {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, o.String(), e.String())
+			}
+			for _, w := range tt.stdout {
+				if !strings.Contains(o.String(), w) {
+					t.Errorf("stdout lacks %q:\n%s", w, o.String())
+				}
+			}
+			if !strings.Contains(e.String(), tt.stderr) || strings.Contains(e.String()+o.String(), "topsecret") {
+				t.Errorf("stderr lacks %q, or shows the password:\n%s", tt.stderr, e.String())
 			}
 		})
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 const minimal = `
@@ -377,5 +379,67 @@ func TestValidateMirror(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestValidateShadowStore: a PostgreSQL store is checked when the config is built (every
+// problem at once, the password never in them) without being connected to; the shadow
+// block's other keys are bounded.
+func TestValidateShadowStore(t *testing.T) {
+	for _, tc := range []struct {
+		name, shadow string
+		want         []string
+	}{
+		{"file", `{store: /var/lib/sluice/shadow.db}`, nil},
+		// Nothing listens on port 1: building the config must not try.
+		{"postgres", `{store: "postgres://sluice:pw@127.0.0.1:1/shadow?sslmode=disable&connect_timeout=2", instance: gw-1, buffer: 16MiB}`, nil},
+		{"postgresql", `{store: "postgresql:///shadow?host=/run/postgresql"}`, nil},
+		{"bad URL", `{store: "postgres://sluice:topsecret@db/shadow?sslmode=always", instance: "gw\u0001", buffer: 1MiB}`, []string{
+			"shadow.store: postgres://sluice:xxxxx@db/shadow?sslmode=always: ", "sslmode",
+			`shadow.instance: "gw\x01": at most 256 bytes`, "shadow.buffer: 1048576 is too small"}},
+		{"other scheme", `{store: "mysql://u:topsecret@db/shadow"}`, []string{`shadow.store: a "mysql://" URL: give a SQLite file, or a postgres://`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(minimal + "shadow: " + tc.shadow + "\n"))
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.Shadow.Buffer < MinShadowBuffer {
+					t.Errorf("buffer %d", c.Shadow.Buffer)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%v\nlacks %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "topsecret") {
+				t.Errorf("the password is in the problems: %v", err)
+			}
+		})
+	}
+	c, err := Parse([]byte(minimal + "shadow: {store: \"postgres://sluice:topsecret@db/shadow\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Shadow.Buffer != DefaultShadowBuffer {
+		t.Errorf("default buffer %d", c.Shadow.Buffer)
+	}
+	y, err := yaml.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{mustJSON(t, c), string(y)} {
+		if strings.Contains(s, "topsecret") || !strings.Contains(s, "postgres://sluice:xxxxx@db/shadow") {
+			t.Errorf("the store's password is not masked: %s", s)
+		}
+	}
+	if !strings.Contains(c.Shadow.Store, "topsecret") {
+		t.Error("the config lost the password it must connect with")
 	}
 }

@@ -16,12 +16,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/sluicegw/sluice/gpu"
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/upstream"
+	"github.com/sluicegw/sluice/shadow"
 )
 
 // Defaults applied by Load. Every one is listed in the config reference, docs/config.md.
@@ -66,6 +68,9 @@ const (
 	DefaultShadowInterval       = 10 * time.Second
 	DefaultShadowWindow         = 500
 	DefaultShadowRetention      = 100000
+	DefaultShadowBuffer         = shadow.DefaultWriterBytes
+	// MinShadowBuffer is the least shadow.buffer: room for a few of the largest pairs.
+	MinShadowBuffer = 4 << 20
 )
 
 // ValidationError lists every problem found in a config, each prefixed with its path
@@ -232,6 +237,7 @@ func (c *Config) applyDefaults() {
 	policy.Default(&c.Shadow.Interval, Duration(DefaultShadowInterval))
 	policy.Default(&c.Shadow.Window, DefaultShadowWindow)
 	policy.Default(&c.Shadow.Retention, DefaultShadowRetention)
+	policy.Default(&c.Shadow.Buffer, ByteSize(DefaultShadowBuffer))
 	c.Shadow.Verdict = c.Shadow.Verdict.WithDefaults()
 }
 
@@ -657,6 +663,21 @@ func (c *Config) checkShadow(add problemf) {
 	}
 	if c.Shadow.Retention < c.Shadow.Window {
 		add("shadow.retention: %d is smaller than shadow.window %d", c.Shadow.Retention, c.Shadow.Window)
+	}
+	if shadow.IsPostgresURL(c.Shadow.Store) {
+		// Checked, not connected to: the database is reached when the gateway starts.
+		if err := shadow.CheckPostgresURL(c.Shadow.Store); err != nil {
+			add("shadow.store: %v", err)
+		}
+	} else if scheme, _, ok := strings.Cut(c.Shadow.Store, "://"); ok {
+		// Not echoed: a URL of another database may hold its password.
+		add("shadow.store: a %.32q URL: give a SQLite file, or a postgres:// or postgresql:// URL", scheme+"://")
+	}
+	if n := c.Shadow.Instance; len(n) > shadow.MaxNameLen || strings.ContainsFunc(n, unicode.IsControl) || n != strings.TrimSpace(n) {
+		add("shadow.instance: %q: at most %d bytes, without control characters or surrounding spaces", n, shadow.MaxNameLen)
+	}
+	if c.Shadow.Buffer < MinShadowBuffer {
+		add("shadow.buffer: %d is too small (at least %d: 4MiB)", c.Shadow.Buffer, MinShadowBuffer)
 	}
 	if err := c.Shadow.Verdict.Validate(); err != nil {
 		for _, e := range strings.Split(err.Error(), "\n") {

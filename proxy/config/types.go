@@ -8,6 +8,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -380,7 +381,17 @@ type Progression struct {
 // Shadow configures the judging and storage of mirrored pairs.
 type Shadow struct {
 	// Store is the SQLite file for pairs and verdicts; "" keeps them in memory (lost at exit).
+	// A postgres:// or postgresql:// URL names a PostgreSQL database instead, which the
+	// replicas of a fleet share: each route's verdict is then judged over every replica's
+	// pairs. Its password never shows in logs, reports or /admin/config.
 	Store string `yaml:"store" json:"store,omitempty"`
+	// Instance names this gateway in a shared store (every pair, verdict and rate it writes
+	// carries it); "" means the host name (in Kubernetes, the pod's name).
+	Instance string `yaml:"instance" json:"instance,omitempty"`
+	// Buffer bounds what a gateway holds, in memory, of the pairs, verdicts and rates it
+	// could not write to a shared store yet (the database is down or slow); past it they are
+	// dropped and counted.
+	Buffer ByteSize `yaml:"buffer" json:"buffer"`
 	// Interval between verdicts (each is stored with its evidence).
 	Interval Duration `yaml:"interval" json:"interval"`
 	// Window is how many recent pairs per route the verdict judges.
@@ -390,6 +401,21 @@ type Shadow struct {
 	// Verdict holds the statistical thresholds (min_samples, alpha, max_regression,
 	// max_rate_increase, similarity_margin, critical_alpha; see package shadow).
 	Verdict shadow.Config `yaml:"verdict" json:"verdict"`
+}
+
+// shadowShown is Shadow as /admin/config and YAML show it: the store's password masked.
+type shadowShown Shadow
+
+// MarshalJSON writes the block with the store URL's password masked.
+func (s Shadow) MarshalJSON() ([]byte, error) {
+	s.Store = shadow.RedactDSN(s.Store)
+	return json.Marshal(shadowShown(s))
+}
+
+// MarshalYAML writes the block with the store URL's password masked.
+func (s Shadow) MarshalYAML() (any, error) {
+	s.Store = shadow.RedactDSN(s.Store)
+	return shadowShown(s), nil
 }
 
 // Tenant is a client of the gateway, known by its API keys. Keys come by value from an

@@ -83,10 +83,11 @@ func Resources(c *config.Config, routeConfig string) (map[resource.Type][]types.
 	}
 	out[resource.RouteType] = []types.Resource{&routev3.RouteConfiguration{Name: routeConfig, VirtualHosts: []*routev3.VirtualHost{vh}}}
 
-	// load_signals, chaos.enabled and shadow.store are each replica's own (they need a
-	// restart): they stay in the replicas' bootstraps and flags and never travel.
+	// load_signals, chaos.enabled, shadow.store and shadow.instance are each replica's own
+	// (they need a restart, or name the replica): they stay in the replicas' bootstraps and
+	// flags and never travel.
 	chaos, shadowCfg := c.Chaos, c.Shadow
-	chaos.Enabled, shadowCfg.Store = false, ""
+	chaos.Enabled, shadowCfg.Store, shadowCfg.Instance = false, "", ""
 	g := xds.GlobalPolicy{
 		MaxBodyBytes: c.MaxBodyBytes, MaxEventBytes: c.MaxEventBytes, DrainTimeout: c.DrainTimeout, DrainDelay: c.DrainDelay,
 		Timeouts: c.Timeouts, Chaos: chaos, Tenants: c.Tenants, Shadow: shadowCfg,
