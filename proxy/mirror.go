@@ -700,6 +700,11 @@ func (sh *shadowing) send(ctx context.Context, j *mirrorJob, clusterName, model,
 			return shadow.Answer{Status: http.StatusBadRequest, ErrorClass: string(policy.ClassInvalidRequest)}, 0
 		}
 	}
+	if j.cfg.Baseline != "" {
+		// Both sandboxes answer with logprobs, so their confidence is compared (a candidate
+		// less sure of itself than the baseline is a regression); the client never sees a copy.
+		body = shadow.AskLogprobs(j.preq.Request, body)
+	}
 	base := strings.TrimSuffix(ep.URL().String(), "/")
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base+j.path, bytes.NewReader(body))
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/batch"
+	_ "github.com/sluicegw/sluice/policy/confidence" // registers type confidence
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	_ "github.com/sluicegw/sluice/policy/runaway" // registers type runaway
 	"github.com/sluicegw/sluice/proxy/config"

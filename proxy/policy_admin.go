@@ -78,10 +78,8 @@ func (st *state) limiters() []namedLimiter {
 //	POST /admin/breakers/reset  reset the breakers of ?tenant=T (all tenants without it), on ?route=R (all routes without it)
 //	GET  /admin/ratelimits      every rate limiter's counters and buckets
 //	GET  /admin/policies        every policy with its contracts and own view (?type=T: of one type)
-//	GET  /admin/confidence      every confidence policy's distributions and low-confidence spans
 func (s *Server) policyRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /admin/policies", s.authorized(s.pluginsView))
-	s.confidenceRoutes(mux)
 	mux.Handle("GET /admin/breakers", s.authorized(func(w http.ResponseWriter, _ *http.Request) {
 		out := []guard.Snapshot{}
 		for _, g := range s.state.Load().guards() {

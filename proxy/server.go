@@ -80,7 +80,6 @@ type Server struct {
 	connReg       metric.Registration
 	waits         *waitCollector
 	plugins       pluginCollector // the metrics policies report themselves
-	confidence    *confidenceCollector
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
 	// and this host's GPUs.
@@ -222,10 +221,6 @@ func New(opts Options) (*Server, error) {
 	s.plugins = pluginCollector{s}
 	if err := s.tel.Registry().Register(s.plugins); err != nil {
 		return nil, fmt.Errorf("policy metrics: %w", err)
-	}
-	s.confidence = newConfidenceCollector(s)
-	if err := s.tel.Registry().Register(s.confidence); err != nil {
-		return nil, fmt.Errorf("confidence metrics: %w", err)
 	}
 	return s, nil
 }
@@ -761,7 +756,6 @@ func (s *Server) shutdown(ctx context.Context) error {
 	_ = s.connReg.Unregister()
 	s.tel.Registry().Unregister(s.waits)
 	s.tel.Registry().Unregister(s.plugins)
-	s.tel.Registry().Unregister(s.confidence)
 	_ = s.scraper.Close()
 	if s.devices != nil {
 		_ = s.devices.Close()

@@ -11,7 +11,7 @@ import (
 
 // TestConfidencePolicy: a route with a confidence policy builds from the config; its
 // Admitter decides which requests it asks logprobs for (every streamed chat request without
-// them, at sample 1), counted in /admin/confidence and /metrics; the client never gets
+// them, at sample 1), counted in /admin/policies?type=confidence and /metrics; the client never gets
 // logprobs it did not ask for, and gets them unchanged when it did.
 func TestConfidencePolicy(t *testing.T) {
 	s := startSim(t, sim.Config{})
@@ -34,16 +34,18 @@ func TestConfidencePolicy(t *testing.T) {
 		t.Fatalf("the client asked for logprobs: %d %s", resp.StatusCode, body)
 	}
 
-	resp, b := do(t, hc, http.MethodGet, "http://"+g.admin+"/admin/confidence", "")
+	resp, b := do(t, hc, http.MethodGet, "http://"+g.admin+"/admin/policies?type=confidence", "")
 	var view struct {
 		Policies []struct {
-			Route   string `json:"route"`
-			Name    string `json:"name"`
-			Sampled uint64 `json:"sampled"`
-			Params  struct {
-				Sample      float64 `json:"sample"`
-				TopLogprobs int     `json:"top_logprobs"`
-			} `json:"params"`
+			View struct {
+				Route   string `json:"route"`
+				Name    string `json:"name"`
+				Sampled uint64 `json:"sampled"`
+				Params  struct {
+					Sample      float64 `json:"sample"`
+					TopLogprobs int     `json:"top_logprobs"`
+				} `json:"params"`
+			} `json:"view"`
 		} `json:"policies"`
 	}
 	if err := json.Unmarshal(b, &view); err != nil || resp.StatusCode != http.StatusOK {
@@ -52,7 +54,7 @@ func TestConfidencePolicy(t *testing.T) {
 	if len(view.Policies) != 1 {
 		t.Fatalf("/admin/confidence: %s", b)
 	}
-	p := view.Policies[0]
+	p := view.Policies[0].View
 	if p.Route != "all" || p.Name != "confidence" || p.Sampled != 1 || p.Params.TopLogprobs != 4 || p.Params.Sample != 1 {
 		t.Errorf("/admin/confidence: %+v", p)
 	}
