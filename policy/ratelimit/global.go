@@ -9,11 +9,22 @@ import (
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
 // defaultGlobalRetry is the Retry-After of a global OVER_LIMIT that names no reset time.
 const defaultGlobalRetry = time.Second
+
+// redial is how the client reconnects to a service that went away: soon, and then at least
+// once a second however long it stays down. Every request fails open (unlimited) until the
+// next attempt connects, and gRPC's default (1s, then × 1.6 up to 2 minutes) would keep a
+// fleet unlimited for up to 2 minutes after the service is back. A refused dial costs
+// nothing much; one that hangs is cut by MinConnectTimeout.
+var redial = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
 
 // globalClient asks an Envoy-compatible rate limit service
 // (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit).
@@ -27,9 +38,13 @@ type globalClient struct {
 	failing    atomic.Bool // for logging transitions only
 }
 
-func newGlobalClient(g Global) (*globalClient, error) {
+func newGlobalClient(g Global, opts ...grpc.DialOption) (*globalClient, error) {
 	// grpc.NewClient does not connect: the first call does, and fails open if it cannot.
-	conn, err := grpc.NewClient(g.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts = append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(redial),
+	}, opts...)
+	conn, err := grpc.NewClient(g.Address, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -187,4 +188,60 @@ func TestGlobalTimeoutFailsOpen(t *testing.T) {
 	if st := l.Stats(); st.GlobalFailures != 1 {
 		t.Errorf("stats = %+v", st)
 	}
+}
+
+// TestGlobalRedialsDownServicePromptly: while the service is down, the client redials it at
+// least about once a second, so that once it is back the limit holds again within about a
+// second, however long it was down. (gRPC's default backoff redials after 1s, 2.6s, 5.2s,
+// 9.3s, 15.8s, ... and up to 2 minutes apart, and every request fails open, unlimited, until
+// the next dial.) The dialer counts the attempts and refuses them all; the test waits for 6
+// of them, 8 s at most, and checks that no two were more than 4 s apart: the default's 5th
+// gap is 6.6 s ± 20%, the client's at most 1.2 s, so a loaded machine has seconds of slack.
+func TestGlobalRedialsDownServicePromptly(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		dials []time.Time
+	)
+	refuse := func(ctx context.Context, _ string) (net.Conn, error) {
+		mu.Lock()
+		dials = append(dials, time.Now())
+		mu.Unlock()
+		return nil, errors.New("connection refused (test)")
+	}
+	g, err := newGlobalClient(Global{Address: "127.0.0.1:1", Timeout: policy.Duration(10 * time.Millisecond),
+		Descriptors: [][]GlobalEntry{{{Key: "tenant", From: FromTenant}}}}, grpc.WithContextDialer(refuse))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = g.close() }()
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(dials)
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for count() < 6 && time.Now().Before(deadline) {
+		if _, _, err := g.check(context.Background(), "a", "chat", "m", 1); err == nil {
+			t.Fatal("a call succeeded through a dialer that refuses every connection")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dials) < 6 {
+		t.Fatalf("%d dials in 8s (at %v): the client waits too long to redial a service that went away", len(dials), gaps(dials))
+	}
+	for i, d := range gaps(dials[:6]) {
+		if d > 4*time.Second {
+			t.Errorf("dial %d came %v after the one before (gaps %v): want at most about 1s", i+2, d, gaps(dials[:6]))
+		}
+	}
+}
+
+func gaps(ts []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(ts); i++ {
+		out = append(out, ts[i].Sub(ts[i-1]).Round(10*time.Millisecond))
+	}
+	return out
 }
