@@ -121,6 +121,34 @@ func TestGlobalRateLimitFleet(t *testing.T) {
 		noFailures(t, before, failures(t, hc, reps, "tokens"))
 	})
 
+	t.Run("tokens: one request larger than the budget", func(t *testing.T) {
+		// 16 choices of 4096 tokens: more than the whole budget, so no window can ever admit
+		// it. The service says so (its limit is in the answer): no Retry-After, and the
+		// OpenAI SDKs are told not to retry it.
+		tn := tenants.next(t)
+		body := fmt.Appendf(nil, `{"model":"sim-tokens","messages":[{"role":"user","content":"Write it all."}],"max_tokens":%d,"n":16}`,
+			ratelimit.DefaultMaxTokensCap)
+		charge := upFrontCharge(t, body)
+		if charge <= tokBudget {
+			t.Fatalf("charge %d: want more than the budget %d", charge, tokBudget)
+		}
+		before := metricSum(t, hc, reps, "sluice_ratelimit_rejections_total", `route="tokens"`, `reason="too_large"`)
+		for i := range reps {
+			a, h := doHeader(hc, reps[i], shot{replica: i, key: tn.key, body: body, charge: charge})
+			if a.status != http.StatusTooManyRequests || a.errCode != "rate_limit_exceeded" || a.errType != "tokens" ||
+				a.retryAfter != "" || h.Get("X-Should-Retry") != "false" {
+				t.Errorf("replica %d: %d %s %s Retry-After %q x-should-retry %q %s, want 429 rate_limit_exceeded tokens, no Retry-After, x-should-retry false",
+					i, a.status, a.errCode, a.errType, a.retryAfter, h.Get("X-Should-Retry"), a.failed)
+			}
+			if want := fmt.Sprintf("Limit %d, Requested %d", tokBudget, charge); !strings.Contains(a.message, want) {
+				t.Errorf("replica %d: message %q, want it to say %q", i, a.message, want)
+			}
+		}
+		if got := metricSum(t, hc, reps, "sluice_ratelimit_rejections_total", `route="tokens"`, `reason="too_large"`); got != before+replicas {
+			t.Errorf("too_large rejections rose from %v to %v, want +%d", before, got, replicas)
+		}
+	})
+
 	// failOpen sends n requests round robin, all of which must be served although every call
 	// to the service fails, each one counted.
 	failOpen := func(t *testing.T, tn tenant, n int) {
@@ -424,6 +452,7 @@ type answer struct {
 	status           int
 	retryAfter       string
 	errType, errCode string
+	message          string
 	failed           string // the request failed before an answer: why
 }
 
@@ -456,38 +485,45 @@ func send(t *testing.T, hc *http.Client, reps []*replica, shots []shot) []answer
 }
 
 func do(hc *http.Client, r *replica, s shot) answer {
+	a, _ := doHeader(hc, r, s)
+	return a
+}
+
+// doHeader is do, with the answer's headers.
+func doHeader(hc *http.Client, r *replica, s shot) (answer, http.Header) {
 	a := answer{shot: s}
 	req, err := http.NewRequest(http.MethodPost, "http://"+r.addr+"/v1/chat/completions", bytes.NewReader(s.body))
 	if err != nil {
 		a.failed = err.Error()
-		return a
+		return a, nil
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+s.key)
 	resp, err := hc.Do(req)
 	if err != nil {
 		a.failed = err.Error()
-		return a
+		return a, nil
 	}
 	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		a.failed = "reading the answer: " + err.Error()
-		return a
+		return a, resp.Header
 	}
 	a.status, a.retryAfter = resp.StatusCode, resp.Header.Get("Retry-After")
 	if resp.StatusCode != http.StatusOK {
 		var e struct {
 			Error struct {
-				Type string `json:"type"`
-				Code string `json:"code"`
+				Type    string `json:"type"`
+				Code    string `json:"code"`
+				Message string `json:"message"`
 			} `json:"error"`
 		}
 		if json.Unmarshal(body, &e) == nil {
-			a.errType, a.errCode = e.Error.Type, e.Error.Code
+			a.errType, a.errCode, a.message = e.Error.Type, e.Error.Code, e.Error.Message
 		}
 	}
-	return a
+	return a, resp.Header
 }
 
 // failures is each replica's sluice_ratelimit_global_failures_total for the route.
