@@ -110,6 +110,7 @@ func startProc(name, dir string, env []string, out *syncBuffer, bin string, args
 	cmd := exec.Command(bin, args...)
 	cmd.Dir, cmd.Env = dir, append([]string{}, env...) // never nil: nil would inherit
 	cmd.Stdout, cmd.Stderr = out, out
+	dieWithTest(cmd)
 	p := &proc{name: name, cmd: cmd, out: out, since: out.Len(), done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -453,3 +454,42 @@ func (s *rlsServer) logs() string { return s.out.String() }
 
 // logs are Redis's output so far, for a failure message.
 func (r *redisServer) logs() string { return r.out.String() }
+
+// TestStartersReportTakenPorts: when a port picked free is taken before the child binds it,
+// Redis and the rate limit service exit, and their starters say so (errPortTaken), which
+// makes startRedis and startRLS pick other ports. The service's debug port is the exception:
+// it only logs that it could not listen there, and serves (the tests never use that port).
+func TestStartersReportTakenPorts(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = taken.Close() }()
+	port := taken.Addr().(*net.TCPAddr).Port
+
+	redis := startRedis(t) // skips without redis-server
+	t.Run("redis-server", func(t *testing.T) {
+		r := &redisServer{bin: redis.bin, dir: t.TempDir(), port: port}
+		defer r.stop()
+		if err := r.start(); !errors.Is(err, errPortTaken) {
+			t.Errorf("start on a taken port: %v, want errPortTaken\n%s", err, r.logs())
+		}
+	})
+	t.Run("ratelimit", func(t *testing.T) {
+		s := startRLS(t, []byte("domain: "+rlsDomain+"\n"), redis.addr())
+		for _, tc := range []struct {
+			name  string
+			port  *int
+			fatal bool
+		}{{"gRPC", &s.grpcPort, true}, {"HTTP", &s.httpPort, true}, {"debug", &s.debug, false}} {
+			s.stop()
+			saved := *tc.port
+			*tc.port = port
+			err := s.start()
+			if tc.fatal && !errors.Is(err, errPortTaken) || !tc.fatal && err != nil {
+				t.Errorf("start with its %s port taken: %v, want errPortTaken: %v\n%s", tc.name, err, tc.fatal, s.logs())
+			}
+			*tc.port = saved
+		}
+	})
+}
