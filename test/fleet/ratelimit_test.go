@@ -42,7 +42,8 @@ const (
 
 // TestGlobalRateLimitFleet: three replicas sharing one limit of 600 requests a minute admit
 // 600 ± 5% whichever replica each request hits (round robin, then random), and a budget of
-// 60,000 tokens a minute (hits: tokens) likewise; when the service stops, and then when Redis
+// 60,000 tokens a minute (hits: tokens) likewise, and a request larger than that budget is
+// refused as too large, not to be retried; when the service stops, and then when Redis
 // stops, every request is still served (fail open) and each failed call is counted in
 // sluice_ratelimit_global_failures_total; when they come back, every replica is answered
 // again.
@@ -177,7 +178,7 @@ func TestGlobalRateLimitFleet(t *testing.T) {
 
 	t.Run("service stops", func(t *testing.T) {
 		rls.kill()
-		failOpen(t, exhausted, 10*replicas) // a tenant over its budget: the limit is off, not the service
+		failOpen(t, exhausted, 10*replicas) // over its budget (if still in its minute): served only by failing open
 	})
 	t.Run("service restarts", func(t *testing.T) {
 		rls.restart(t)
