@@ -9,14 +9,26 @@ import (
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
 // defaultGlobalRetry is the Retry-After of a global OVER_LIMIT that names no reset time.
 const defaultGlobalRetry = time.Second
 
+// redial is how the client reconnects to a service that went away: soon, and then at least
+// once a second however long it stays down. Every request fails open (unlimited) until the
+// next attempt connects, and gRPC's default (1s, then × 1.6 up to 2 minutes) would keep a
+// fleet unlimited for up to 2 minutes after the service is back. A refused dial costs
+// nothing much; one that hangs is cut by MinConnectTimeout.
+var redial = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 // globalClient asks an Envoy-compatible rate limit service
-// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit).
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit). It is tested against
+// Envoy's own (github.com/envoyproxy/ratelimit, on Redis) in test/fleet.
 type globalClient struct {
 	conn       *grpc.ClientConn
 	client     rlsv3.RateLimitServiceClient
@@ -27,9 +39,13 @@ type globalClient struct {
 	failing    atomic.Bool // for logging transitions only
 }
 
-func newGlobalClient(g Global) (*globalClient, error) {
+func newGlobalClient(g Global, opts ...grpc.DialOption) (*globalClient, error) {
 	// grpc.NewClient does not connect: the first call does, and fails open if it cannot.
-	conn, err := grpc.NewClient(g.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts = append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(redial),
+	}, opts...)
+	conn, err := grpc.NewClient(g.Address, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -52,9 +68,17 @@ func (g *globalClient) ok(log *slog.Logger) {
 	}
 }
 
-// check asks the service. over is true for OVER_LIMIT, with retry the longest reset the
-// service names (1s if none). err is non-nil when the service failed or timed out.
-func (g *globalClient) check(ctx context.Context, tenant, route, model string, hits uint32) (over bool, retry time.Duration, err error) {
+// verdict is the service's answer to one call.
+type verdict struct {
+	over  bool          // OVER_LIMIT
+	retry time.Duration // with over: the longest reset the service names (1s if none)
+	// tooLarge, with hits: tokens, is the smallest limit the service answered OVER_LIMIT
+	// with that is below the request's charge on its own: no window can ever admit it.
+	tooLarge *rlsv3.RateLimitResponse_RateLimit
+}
+
+// check asks the service. err is non-nil when the service failed or timed out.
+func (g *globalClient) check(ctx context.Context, tenant, route, model string, hits uint32) (v verdict, err error) {
 	req := &rlsv3.RateLimitRequest{Domain: g.domain, HitsAddend: hits}
 	req.Descriptors = make([]*commonrl.RateLimitDescriptor, len(g.descs))
 	for i, d := range g.descs {
@@ -80,18 +104,29 @@ func (g *globalClient) check(ctx context.Context, tenant, route, model string, h
 	defer cancel()
 	resp, err := g.client.ShouldRateLimit(ctx, req)
 	if err != nil {
-		return false, 0, err
+		return verdict{}, err
 	}
 	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
-		return false, 0, nil
+		return verdict{}, nil
 	}
+	v.over = true
 	for _, s := range resp.GetStatuses() {
-		if s.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && s.GetDurationUntilReset() != nil {
-			retry = max(retry, s.GetDurationUntilReset().AsDuration())
+		if s.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			continue
+		}
+		if s.GetDurationUntilReset() != nil {
+			v.retry = max(v.retry, s.GetDurationUntilReset().AsDuration())
+		}
+		// Envoy's service sends the limit it applied; a charge above it (the counter went
+		// over with this request alone) can never pass. With hits: requests, one hit over a
+		// limit is a limit of 0: blocked, not too large.
+		if lim := s.GetCurrentLimit(); g.hitsTokens && lim != nil && hits > lim.GetRequestsPerUnit() &&
+			(v.tooLarge == nil || lim.GetRequestsPerUnit() < v.tooLarge.GetRequestsPerUnit()) {
+			v.tooLarge = lim
 		}
 	}
-	if retry <= 0 {
-		retry = defaultGlobalRetry
+	if v.retry <= 0 {
+		v.retry = defaultGlobalRetry
 	}
-	return true, retry, nil
+	return v, nil
 }

@@ -2,7 +2,9 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,10 +19,11 @@ import (
 // fakeRLS is an in-process Envoy rate limit service.
 type fakeRLS struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	mu    sync.Mutex
-	code  rlsv3.RateLimitResponse_Code
-	reset time.Duration
-	last  *rlsv3.RateLimitRequest
+	mu     sync.Mutex
+	code   rlsv3.RateLimitResponse_Code
+	reset  time.Duration
+	limits []*rlsv3.RateLimitResponse_RateLimit // current_limit of descriptor i (nil: none), as Envoy's service sends it
+	last   *rlsv3.RateLimitRequest
 }
 
 func (f *fakeRLS) ShouldRateLimit(_ context.Context, r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -28,10 +31,13 @@ func (f *fakeRLS) ShouldRateLimit(_ context.Context, r *rlsv3.RateLimitRequest) 
 	defer f.mu.Unlock()
 	f.last = r
 	resp := &rlsv3.RateLimitResponse{OverallCode: f.code}
-	for range r.GetDescriptors() {
+	for i := range r.GetDescriptors() {
 		s := &rlsv3.RateLimitResponse_DescriptorStatus{Code: f.code}
 		if f.code == rlsv3.RateLimitResponse_OVER_LIMIT && f.reset > 0 {
 			s.DurationUntilReset = durationpb.New(f.reset)
+		}
+		if i < len(f.limits) {
+			s.CurrentLimit = f.limits[i]
 		}
 		resp.Statuses = append(resp.Statuses, s)
 	}
@@ -41,6 +47,12 @@ func (f *fakeRLS) ShouldRateLimit(_ context.Context, r *rlsv3.RateLimitRequest) 
 func (f *fakeRLS) set(code rlsv3.RateLimitResponse_Code, reset time.Duration) {
 	f.mu.Lock()
 	f.code, f.reset = code, reset
+	f.mu.Unlock()
+}
+
+func (f *fakeRLS) setLimits(limits ...*rlsv3.RateLimitResponse_RateLimit) {
+	f.mu.Lock()
+	f.limits = limits
 	f.mu.Unlock()
 }
 
@@ -187,4 +199,129 @@ func TestGlobalTimeoutFailsOpen(t *testing.T) {
 	if st := l.Stats(); st.GlobalFailures != 1 {
 		t.Errorf("stats = %+v", st)
 	}
+}
+
+// TestGlobalRedialsDownServicePromptly: while the service is down, the client redials it at
+// least about once a second, so that once it is back the limit holds again within about a
+// second, however long it was down. (gRPC's default backoff redials after 1s, 2.6s, 5.2s,
+// 9.3s, 15.8s, ... and up to 2 minutes apart, and every request fails open, unlimited, until
+// the next dial.) The dialer counts the attempts and refuses them all; the test waits for 6
+// of them, 8 s at most, and checks that no two were more than 4 s apart: the default's 5th
+// gap is 6.6 s ± 20%, the client's at most 1.2 s, so a loaded machine has seconds of slack.
+func TestGlobalRedialsDownServicePromptly(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		dials []time.Time
+	)
+	refuse := func(ctx context.Context, _ string) (net.Conn, error) {
+		mu.Lock()
+		dials = append(dials, time.Now())
+		mu.Unlock()
+		return nil, errors.New("connection refused (test)")
+	}
+	g, err := newGlobalClient(Global{Address: "127.0.0.1:1", Timeout: policy.Duration(10 * time.Millisecond),
+		Descriptors: [][]GlobalEntry{{{Key: "tenant", From: FromTenant}}}}, grpc.WithContextDialer(refuse))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = g.close() }()
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(dials)
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for count() < 6 && time.Now().Before(deadline) {
+		if _, err := g.check(context.Background(), "a", "chat", "m", 1); err == nil {
+			t.Fatal("a call succeeded through a dialer that refuses every connection")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dials) < 6 {
+		t.Fatalf("%d dials in 8s (at %v): the client waits too long to redial a service that went away", len(dials), gaps(dials))
+	}
+	for i, d := range gaps(dials[:6]) {
+		if d > 4*time.Second {
+			t.Errorf("dial %d came %v after the one before (gaps %v): want at most about 1s", i+2, d, gaps(dials[:6]))
+		}
+	}
+}
+
+func gaps(ts []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(ts); i++ {
+		out = append(out, ts[i].Sub(ts[i-1]).Round(10*time.Millisecond))
+	}
+	return out
+}
+
+// TestGlobalTooLarge: with hits: tokens, an OVER_LIMIT whose limit (the service's
+// current_limit) is below the request's charge on its own can never pass: it is refused as a
+// local too-large request is (429 tokens, no Retry-After, x-should-retry: false, counted
+// under too_large), not with a Retry-After the client would wait out only to be refused (and
+// counted against the tenant's window) again. Anything else stays an ordinary global 429.
+func TestGlobalTooLarge(t *testing.T) {
+	perMin := func(n uint32) *rlsv3.RateLimitResponse_RateLimit {
+		return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: n, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}
+	}
+	for _, tc := range []struct {
+		name    string
+		hits    string
+		limits  []*rlsv3.RateLimitResponse_RateLimit
+		message string // too large: what the message must say; "": an ordinary global 429
+	}{
+		{"tokens over a per-minute limit", HitsTokens, []*rlsv3.RateLimitResponse_RateLimit{perMin(1000)},
+			"Request too large for llama-3-8b on tokens per min (TPM) (global limit) for tenant a: Limit 1000, Requested 1500."},
+		{"tokens over an hourly limit", HitsTokens, []*rlsv3.RateLimitResponse_RateLimit{{RequestsPerUnit: 1200, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR}},
+			"on tokens per hour (global limit) for tenant a: Limit 1200, Requested 1500."},
+		{"the smallest of two limits below the charge", HitsTokens, []*rlsv3.RateLimitResponse_RateLimit{perMin(1400), perMin(1000)},
+			"Limit 1000, Requested 1500."},
+		{"tokens over a limit the charge fits in", HitsTokens, []*rlsv3.RateLimitResponse_RateLimit{perMin(1500)}, ""},
+		{"no limit in the answer", HitsTokens, nil, ""},
+		{"requests with a limit of 0: blocked, not too large", HitsRequests, []*rlsv3.RateLimitResponse_RateLimit{perMin(0)}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rls, addr, _ := startRLS(t)
+			rls.set(rlsv3.RateLimitResponse_OVER_LIMIT, 30*time.Second)
+			rls.setLimits(tc.limits...)
+			descs := [][]GlobalEntry{{{Key: "tenant", From: FromTenant}}, {{Key: "route", From: FromRoute}}}
+			l := newLimiter(t, Params{TokensPerMinute: 100000, Global: &Global{Address: addr, Timeout: policy.Duration(5 * time.Second),
+				Hits: tc.hits, Descriptors: descs}}, newClock())
+			d := admit(t, l, chat("a", "chat", 500, 1000))
+			if d.Reject == nil || d.Reject.Status != 429 {
+				t.Fatalf("reject = %+v, want a 429", d.Reject)
+			}
+			if d.Header.Get(HeaderRemainingTokens) != "100000" {
+				t.Errorf("local charge kept: remaining %q", d.Header.Get(HeaderRemainingTokens))
+			}
+			st := l.Stats()
+			if tc.message == "" {
+				if d.Reject.RetryAfter != 30*time.Second || d.Header.Get(HeaderShouldRetry) != "" || st.Rejected[ReasonGlobal] != 1 || st.Rejected[ReasonTooLarge] != 0 {
+					t.Errorf("ordinary global 429: Retry-After %v, x-should-retry %q, stats %+v", d.Reject.RetryAfter, d.Header.Get(HeaderShouldRetry), st)
+				}
+				return
+			}
+			if d.Reject.RetryAfter != 0 || d.Reject.Type != "tokens" || d.Header.Get(HeaderShouldRetry) != "false" {
+				t.Errorf("too large: Retry-After %v, type %q, x-should-retry %q", d.Reject.RetryAfter, d.Reject.Type, d.Header.Get(HeaderShouldRetry))
+			}
+			if !strings.Contains(d.Reject.Message, tc.message) {
+				t.Errorf("message %q, want it to contain %q", d.Reject.Message, tc.message)
+			}
+			if st.Rejected[ReasonTooLarge] != 1 || st.Rejected[ReasonGlobal] != 0 || st.GlobalCalls != 1 || st.GlobalFailures != 0 {
+				t.Errorf("stats = %+v", st)
+			}
+		})
+	}
+	t.Run("no local limits", func(t *testing.T) {
+		rls, addr, _ := startRLS(t)
+		rls.set(rlsv3.RateLimitResponse_OVER_LIMIT, 30*time.Second)
+		rls.setLimits(perMin(1000))
+		l := newLimiter(t, Params{Global: &Global{Address: addr, Timeout: policy.Duration(5 * time.Second), Hits: HitsTokens}}, newClock())
+		d := admit(t, l, chat("", "chat", 500, 1000))
+		if d.Reject == nil || d.Header.Get(HeaderShouldRetry) != "false" || !strings.Contains(d.Reject.Message, "(global limit): Limit 1000, Requested 1500.") {
+			t.Errorf("reject %+v, header %v", d.Reject, d.Header)
+		}
+	})
 }

@@ -32,7 +32,9 @@
 // per min (TPM) for tenant T: Limit 30000, Requested 50000. The input or output tokens must
 // be reduced in order to run successfully." ("Limit 30000 (bucket 60000)" with burst 2).
 // It has no Retry-After, since waiting never helps, and carries `x-should-retry: false` so
-// that the OpenAI SDKs do not retry it; Stats counts it under ReasonTooLarge.
+// that the OpenAI SDKs do not retry it; Stats counts it under ReasonTooLarge. So is a request
+// that the global service (with hits: tokens) refuses with a limit below its charge alone
+// ("... on tokens per min (TPM) (global limit) ...": Envoy's service sends back the limit).
 //
 // When a charge would have to wait, Admit gives back what it took and rejects with 429 and
 // Retry-After = the longest wait, or, with `max_wait`, waits up to that long while the
@@ -57,9 +59,12 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -250,7 +255,7 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 			model = r.Model
 		}
 		l.globalCalls.Add(1)
-		over, retry, err := l.global.check(ctx, tenant, l.routeOf(r), model, hits)
+		v, err := l.global.check(ctx, tenant, l.routeOf(r), model, hits)
 		if err != nil && ctx.Err() != nil { // the client went away: not the service's fault
 			l.giveBack(b, charge, now)
 			l.rejected[rejCanceled].Add(1)
@@ -262,13 +267,26 @@ func (l *Limiter) Admit(ctx context.Context, r *policy.Request) (policy.Decision
 			if l.global.failing.CompareAndSwap(false, true) {
 				l.log.Warn("ratelimit: global rate limit service failing, admitting requests (fail open)", "address", l.p.Global.Address, "err", err)
 			}
-		case over:
+		case v.over && v.tooLarge != nil:
+			// Larger than the service's limit on its own: refused as a local too-large
+			// request is, not to be retried (each retry would count against the tenant's
+			// window again).
+			l.global.ok(l.log)
+			l.giveBack(b, charge, now)
+			l.rejected[rejTooLarge].Add(1)
+			h := l.headers(b, now)
+			if h == nil {
+				h = make(http.Header, 1)
+			}
+			h[HeaderShouldRetry] = []string{"false"}
+			return policy.Decision{Reject: globalTooLargeError(v.tooLarge, tenant, model, charge), Header: h}, nil
+		case v.over:
 			l.global.ok(l.log)
 			// Give back what was taken locally.
 			l.giveBack(b, charge, now)
 			l.rejected[rejGlobal].Add(1)
-			e := policy.Fail(policy.ClassRateLimited, "Rate limit reached (global limit"+tenantPart(tenant)+"). Please try again in "+formatReset(retry)+".")
-			e.Type, e.RetryAfter = l.globalType(), retry
+			e := policy.Fail(policy.ClassRateLimited, "Rate limit reached (global limit"+tenantPart(tenant)+"). Please try again in "+formatReset(v.retry)+".")
+			e.Type, e.RetryAfter = l.globalType(), v.retry
 			return policy.Decision{Reject: e, Header: l.headers(b, now)}, nil
 		default:
 			l.global.ok(l.log)
@@ -518,6 +536,23 @@ func (l *Limiter) tooLargeError(b *bucket, tenant, model string, charge int) *po
 	e := policy.Fail(policy.ClassRateLimited,
 		fmt.Sprintf("Request too large%s on tokens per min (TPM)%s: Limit %s, Requested %d. The input or output tokens must be reduced in order to run successfully.",
 			model, tenantPart(tenant), limit, charge))
+	e.Type = "tokens"
+	return e
+}
+
+// globalTooLargeError is tooLargeError for a global limit (hits: tokens) below one request's
+// charge: the limit and its unit are the service's.
+func globalTooLargeError(lim *rlsv3.RateLimitResponse_RateLimit, tenant, model string, charge int) *policy.Failure {
+	if model != "" {
+		model = " for " + model
+	}
+	per := "per " + strings.ToLower(lim.GetUnit().String())
+	if lim.GetUnit() == rlsv3.RateLimitResponse_RateLimit_MINUTE {
+		per = "per min (TPM)"
+	}
+	e := policy.Fail(policy.ClassRateLimited,
+		fmt.Sprintf("Request too large%s on tokens %s (global limit)%s: Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
+			model, per, tenantPart(tenant), lim.GetRequestsPerUnit(), charge))
 	e.Type = "tokens"
 	return e
 }

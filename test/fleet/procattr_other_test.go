@@ -1,0 +1,9 @@
+//go:build !linux
+
+package fleet
+
+import "os/exec"
+
+// dieWithTest does nothing here: only Linux has a parent-death signal. The tests' cleanups
+// stop every child; a test process killed outright may leave them running.
+func dieWithTest(*exec.Cmd) {}
