@@ -93,7 +93,8 @@ func (h *Handler) cutStream(cancel func(error), ex *exchange, cut *policy.Stream
 		res.cut = policy.ClassPolicyError
 	}
 	ep.Report(true) // the endpoint answered; what it said is the filter's concern
-	h.srv.log.LogAttrs(ex.r.Context(), slog.LevelWarn, "stream ended by a policy",
+	// Counted in metrics (the Outcome's class); the filter logs what it saw.
+	h.srv.log.LogAttrs(ex.r.Context(), slog.LevelDebug, "stream ended by a policy",
 		slog.String("request_id", ex.id), slog.String("route", ex.preq.Route),
 		slog.String("class", string(res.cut)), slog.String("reason", cut.Reason),
 		slog.String("endpoint", res.endpoint))

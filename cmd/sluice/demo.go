@@ -36,6 +36,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	slo := fs.String("slo", "ttft=250ms,itl=50ms", "SLO for goodput and attainment (sluice load's --slo syntax)")
 	verbose := fs.Bool("v", false, "show the gateway's logs")
 	chaosPhase := fs.Bool("chaos", true, "run the chaos phase: faults on the primary while the workload runs")
+	outputPhase := fs.Bool("output", true, "run the output-side phase: looping answers cut, confidence from logprobs, a KV-cache leak flagged")
 	shadowRequests := fs.Int("shadow-requests", 96, "requests of the shadow phase (0: no shadow phase): a slower, flakier candidate is mirrored and judged")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice demo [--requests N] [--turns T] [--concurrency C] [--max-tokens T] [--slo S] [-v]
@@ -47,6 +48,10 @@ inter-token latency percentiles), then goodput, SLO attainment, context fidelity
 turns and the injector's scheduling lag. Then a chaos phase: aborts, stalls before the first
 token, streams cut mid-way and malformed chunks on the primary while the same workload runs,
 and a table of the faults injected against what the client saw (fallbacks, resumed streams).
+Then the output side: answers that fall into a loop are cut within a bounded number of tokens
+(the upstream request cancelled), the model's confidence is measured from logprobs the
+gateway asks for and strips, and a KV-cache leak planted on one of the small model's two
+servers is flagged and that server picked less until the leak is freed.
 Last a shadow phase: a new config (applied live) mirrors the llama route to a candidate
 server that is slower to the first token and fails 5% of requests; the pairs are compared
 and the promote / hold / rollback verdict is printed with its evidence.
@@ -72,7 +77,7 @@ Flags:
 	}
 	defer sims.stop()
 	primary, fallback, small := sims.primary, sims.fallback, sims.small
-	addrs := map[string]string{"Primary": primary.addr, "Fallback": fallback.addr, "Small": small.addr}
+	addrs := map[string]string{"Primary": primary.addr, "Fallback": fallback.addr, "Small": small.addr, "Small2": sims.small2.addr}
 	cfg, err := demoConfigFor(addrs)
 	if err != nil {
 		return err
@@ -107,6 +112,11 @@ Flags:
 			return err
 		}
 	}
+	if *outputPhase {
+		if err := demoOutputSide(ctx, stdout, srv, sims); err != nil {
+			return err
+		}
+	}
 	if *shadowRequests > 0 {
 		if err := demoShadow(ctx, stdout, srv, addrs, *shadowRequests, nTurns, *concurrency, *maxTokens, sloLimits); err != nil {
 			return err
@@ -118,10 +128,10 @@ Flags:
 
 // demoSims are the demo's model servers: a larger model that slows down as its batch grows,
 // its fallback, and a small fast one.
-type demoSims struct{ primary, fallback, small *runningSim }
+type demoSims struct{ primary, fallback, small, small2 *runningSim }
 
 func (d *demoSims) stop() {
-	for _, r := range []*runningSim{d.primary, d.fallback, d.small} {
+	for _, r := range []*runningSim{d.primary, d.fallback, d.small, d.small2} {
 		if r != nil {
 			r.stop()
 		}
@@ -147,6 +157,11 @@ func startDemoSims() (d *demoSims, err error) {
 	}
 	if d.small, err = startSim(sim.Config{Model: "qwen-small-sim", TTFT: 15 * time.Millisecond, ITL: 3 * time.Millisecond,
 		MaxRunning: 16, Seed: 2}); err != nil {
+		return nil, err
+	}
+	// The small model's second server: the output-side phase plants a KV-cache leak on it.
+	if d.small2, err = startSim(sim.Config{Model: "qwen-small-sim", TTFT: 15 * time.Millisecond, ITL: 3 * time.Millisecond,
+		MaxRunning: 16, Seed: 5}); err != nil {
 		return nil, err
 	}
 	return d, nil

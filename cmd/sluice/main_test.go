@@ -55,13 +55,15 @@ func TestCommands(t *testing.T) {
 }
 
 // TestDemo runs the README's first command, shortened: every request through the gateway
-// succeeds and both routes report.
+// succeeds and both routes report; the output side cuts every looping stream and no
+// ordinary one, and flags the planted KV-cache leak.
 func TestDemo(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"demo", "--requests", "8", "--concurrency", "4", "--max-tokens", "8", "--shadow-requests", "48"}, &out, &errb); code != 0 {
 		t.Fatalf("demo exit %d\nstdout: %s\nstderr: %s", code, out.String(), errb.String())
 	}
-	for _, want := range []string{"chat-llama", "chat-small", "8 requests in", "shadow phase", "rollback"} {
+	for _, want := range []string{"chat-llama", "chat-small", "8 requests in", "shadow phase", "rollback",
+		"runaway: 8 of 8 looping streams cut", "0 of 8 ordinary answers cut", "state: kv_leak flagged", "confidence: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}

@@ -452,7 +452,7 @@ func (p *Policy) record(w *watcher, loop Loop, tokens int) Detection {
 	p.recent[p.nrec%maxRecent] = d
 	p.nrec++
 	p.mu.Unlock()
-	p.log.Warn("runaway generation", "route", p.route, "request_id", d.RequestID, "tenant", d.Tenant, "model", d.Model,
+	p.log.Info("runaway generation", "request_id", d.RequestID, "tenant", d.Tenant, "model", d.Model,
 		"choice", d.Choice, "field", d.Field, "period", d.Period, "repeated_tokens", d.Repeated, "tokens", d.Tokens, "action", d.Action)
 	return d
 }
