@@ -7,6 +7,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/sluicegw/sluice/proxy"
 	"github.com/sluicegw/sluice/proxy/config"
@@ -77,5 +81,63 @@ func TestRunawayPolicyConfig(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+}
+
+// TestRunawayCutThroughGateway: with the official client, a stream the model server lets fall
+// into a loop (x-sim-loop-after) ends cleanly: no error, finish_reason "length", far fewer
+// tokens than max_tokens, and the upstream request is cancelled (the simulator sees its
+// client go away); an ordinary answer on the same route runs to its end; the guard's tenant
+// breaker counts the loop.
+func TestRunawayCutThroughGateway(t *testing.T) {
+	s := startSim(t, sim.Config{ITL: time.Millisecond})
+	g := startGateway(t, oneRoute("", `    policies:
+      - type: runaway
+`, s.URL))
+	client := newClient(t, g.addr)
+	params := openai.ChatCompletionNewParams{
+		Model:     "sim-llama",
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("tell me about rivers")},
+		MaxTokens: openai.Int(4096),
+	}
+	read := func(opts ...option.RequestOption) (openai.ChatCompletionAccumulator, int, error) {
+		stream := client.Chat.Completions.NewStreaming(testCtx(t), params, opts...)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		n := 0
+		for stream.Next() {
+			c := stream.Current()
+			acc.AddChunk(c)
+			if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+				n++
+			}
+		}
+		return acc, n, stream.Err()
+	}
+	acc, n, err := read(option.WithHeader(sim.HeaderLoopAfter, "50"))
+	if err != nil {
+		t.Fatalf("a cut stream ended with an error: %v", err)
+	}
+	if len(acc.Choices) != 1 || acc.Choices[0].FinishReason != "length" || n < 50 || n > 400 {
+		t.Fatalf("cut stream: %d tokens, choices %+v; want finish_reason length within a few hundred tokens", n, acc.Choices)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().Cancelled == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := s.Stats(); st.Cancelled != 1 || st.GenerationTokens > 1000 {
+		t.Errorf("the upstream request was not cancelled at the cut: %+v", st)
+	}
+	params.MaxTokens = openai.Int(200)
+	acc, n, err = read()
+	if err != nil || len(acc.Choices) != 1 || acc.Choices[0].FinishReason == "" || n < 100 {
+		t.Fatalf("an ordinary answer: %d tokens, %+v, %v", n, acc.Choices, err)
+	}
+	hc := newHTTPClient(t)
+	if v := metricValue(t, hc, g.admin, "sluice_runaway_detections_total", `action="cut"`); v != 1 {
+		t.Errorf("sluice_runaway_detections_total{action=cut} = %v, want 1", v)
+	}
+	if v := metricValue(t, hc, g.admin, "sluice_guard_runaways_total"); v != 1 {
+		t.Errorf("sluice_guard_runaways_total = %v, want 1 (the loop counts against the tenant's breaker)", v)
 	}
 }
