@@ -53,3 +53,13 @@ type StreamWatcher interface {
 	// that was only counted): they reach the Observers in Outcome.Flags.
 	End() (flags []Class)
 }
+
+// BodyFilter is a plugin that reads whole (non-streamed) successful answers before they are
+// written to the client: the output side of answers that are not streamed.
+type BodyFilter interface {
+	// WatchBody sees the answer's body (valid only during the call). replace, when non-nil,
+	// is what the client gets instead (the first filter's replacement wins; every filter
+	// sees the body as the model server sent it); flags reach the Observers in
+	// Outcome.Flags. It must not block.
+	WatchBody(r *Request, body []byte) (replace []byte, flags []Class)
+}

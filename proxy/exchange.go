@@ -45,6 +45,7 @@ type exchange struct {
 
 	inj      *fault.Injection      // chaos faults of this request, nil when none
 	filters  []policy.StreamFilter // the route's stream filters
+	bodies   []policy.BodyFilter   // the route's body filters
 	flags    []policy.Class        // what the stream watchers flagged, for the Outcome
 	mirror   *mirrorJob            // the request's mirrored copy, nil when not mirrored
 	streamID []byte                // the first stream's chunk id (raw JSON), kept by the resumed one
@@ -284,7 +285,11 @@ func (ex *exchange) writePending(p *pending, res *result) {
 	ex.commit(p.status, p.header, res)
 	_, _ = ex.w.Write(p.body)
 	if ex.mirror != nil {
-		ex.mirror.capture.add(p.body)
+		if p.orig != nil {
+			ex.mirror.capture.add(p.orig) // the model server's answer is what is compared
+		} else {
+			ex.mirror.capture.add(p.body)
+		}
 	}
 }
 
@@ -341,6 +346,7 @@ type pending struct {
 	status int
 	header http.Header
 	body   []byte
+	orig   []byte // the model server's body when a body filter replaced it, else nil
 }
 
 // errorCode is the error code of a buffered upstream error answer ({"error":{"code":...}}).

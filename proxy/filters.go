@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"log/slog"
+	"strconv"
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/proxy/openai"
@@ -51,6 +52,27 @@ func containsClass(cs []policy.Class, c policy.Class) bool {
 		}
 	}
 	return false
+}
+
+// watchBody shows a whole successful answer to the route's body filters: the first
+// replacement is what the client gets (its Content-Length follows), their flags go to the
+// Outcome.
+func (ex *exchange) watchBody(p *pending) {
+	for _, f := range ex.bodies {
+		rep, flags := f.WatchBody(ex.preq, p.body)
+		for _, c := range flags {
+			if c != "" && !containsClass(ex.flags, c) {
+				ex.flags = append(ex.flags, c)
+			}
+		}
+		if rep != nil && p.orig == nil {
+			p.orig, p.body = p.body, rep
+		}
+	}
+	if p.orig != nil && p.header.Get("Content-Length") != "" {
+		p.header = p.header.Clone()
+		p.header.Set("Content-Length", strconv.Itoa(len(p.body)))
+	}
 }
 
 // watchEvent shows one event to the watchers, in order. Each sees the event as the model

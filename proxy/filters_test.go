@@ -97,6 +97,17 @@ func (f *testFilter) WatchStream(*policy.Request) policy.StreamWatcher {
 	return &testWatcher{f: f}
 }
 
+func (f *testFilter) WatchBody(_ *policy.Request, body []byte) ([]byte, []policy.Class) {
+	var flags []policy.Class
+	if f.p.Flag {
+		flags = []policy.Class{policy.ClassRunaway}
+	}
+	if f.p.Strip && bytes.Contains(body, []byte(`,"secret":1`)) {
+		return bytes.Replace(body, []byte(`,"secret":1`), nil, 1), flags
+	}
+	return nil, flags
+}
+
 type testWatcher struct {
 	f *testFilter
 	n int
@@ -374,7 +385,7 @@ routes:
 		}
 	}
 	if mine == nil || mine.Route != "r" || mine.Type != "test_stream_filter" ||
-		fmt.Sprint(mine.Contracts) != "[admitter observer stream_filter admin_view metrics]" ||
+		fmt.Sprint(mine.Contracts) != "[admitter observer stream_filter body_filter admin_view metrics]" ||
 		fmt.Sprint(mine.View) != "map[watched:1]" {
 		t.Fatalf("/admin/policies: %+v", view.Policies)
 	}
@@ -388,5 +399,60 @@ routes:
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestBodyFilters: a non-streamed answer is shown whole to the route's body filters; the
+// client gets the replacement (with its own Content-Length) and the Observers the flags.
+func TestBodyFilters(t *testing.T) {
+	const answer = `{"id":"x","object":"chat.completion","model":"m","secret_kept":true,"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"secret":1,"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", fmt.Sprint(len(answer)))
+		_, _ = io.WriteString(w, answer)
+	}))
+	defer up.Close()
+	srv := startTestServer(t, fmt.Sprintf(`listen: 127.0.0.1:0
+admin: {listen: 127.0.0.1:0}
+clusters:
+  - {name: c, endpoints: [{url: %q}], health_check: {disabled: true}}
+routes:
+  - name: r
+    cluster: c
+    policies:
+      - {type: test_stream_filter, params: {key: %q, strip: true, flag: true}}
+`, up.URL, t.Name()))
+	resp, err := http.Post("http://"+srv.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := strings.Replace(answer, `,"secret":1`, "", 1)
+	if resp.StatusCode != 200 || string(b) != want || resp.ContentLength != int64(len(want)) {
+		t.Fatalf("%d, Content-Length %d: %s\nwant %s", resp.StatusCode, resp.ContentLength, b, want)
+	}
+	r, _ := testFilters.Load(t.Name())
+	rec := r.(*filterRecord)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec.mu.Lock()
+		n := len(rec.outcomes)
+		var flags []policy.Class
+		if n > 0 {
+			flags = rec.outcomes[0].Flags
+		}
+		rec.mu.Unlock()
+		if n > 0 {
+			if fmt.Sprint(flags) != "[runaway_generation]" {
+				t.Errorf("outcome flags %v", flags)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no outcome")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

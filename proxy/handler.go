@@ -102,7 +102,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	preq.Route = rt.Name
-	ex.filters = st.filters[rt.Name]
+	ex.filters, ex.bodies = st.filters[rt.Name], st.bodies[rt.Name]
 	preq.ContextWindow = st.contextWindow(rt, req.Model)
 	telemetry.SetServerRequest(span, telemetry.ServerRequest{
 		Method: r.Method, Route: rt.Name, Operation: kind.Operation(), Model: req.Model,

@@ -110,6 +110,9 @@ func (s *Server) buildPolicies(st *state, prev *state) error {
 			if f, ok := bp.impl.(policy.StreamFilter); ok {
 				st.filters[r.Name] = append(st.filters[r.Name], f)
 			}
+			if f, ok := bp.impl.(policy.BodyFilter); ok {
+				st.bodies[r.Name] = append(st.bodies[r.Name], f)
+			}
 			if b, ok := bp.impl.(batcher); ok {
 				st.batchers[i] = b
 			}

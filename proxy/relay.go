@@ -394,6 +394,9 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 	}
 	if complete {
 		res.pending = &pending{status: resp.StatusCode, header: resp.Header, body: body}
+		if resp.StatusCode < 300 && len(ex.bodies) > 0 {
+			ex.watchBody(res.pending)
+		}
 		return
 	}
 	// Too large to hold: relay what we have and stream the rest through.

@@ -116,6 +116,7 @@ type state struct {
 	admitters map[string][]policy.Admitter
 	observers map[string][]policy.Observer
 	filters   map[string][]policy.StreamFilter // the stream filters of each route, in order
+	bodies    map[string][]policy.BodyFilter   // the body filters of each route, in order
 	tenants   tenantResolver                   // nil when no tenants are configured
 	trust     trust                            // the trusted proxies
 	cors      cors                             // the browser origins allowed
@@ -237,6 +238,7 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 		admitters: map[string][]policy.Admitter{},
 		observers: map[string][]policy.Observer{},
 		filters:   map[string][]policy.StreamFilter{},
+		bodies:    map[string][]policy.BodyFilter{},
 	}
 	var ctx context.Context
 	ctx, st.stop = context.WithCancel(s.baseCtx)

@@ -19,10 +19,8 @@
 // them. The share is a hash of the request id, so Admit and WatchStream agree without
 // keeping anything per request (a request without an id is sampled only at sample 1).
 //
-// Not asked for: non-streaming requests (a stream filter does not see a JSON body: the
-// gateway would have to strip the body before relaying it, which needs a body filter of the
-// proxy's; such answers are read only when the client asked, by ScanBody callers such as the
-// shadow comparison), and the Responses API (logprobs need include, a list the client owns
+// Non-streamed answers are read whole (a policy.BodyFilter) and, when sampled, stripped the
+// same way before they are relayed. Not asked for: the Responses API (logprobs need include, a list the client owns
 // and OpenAI's SDKs set for other things, and the response object echoes top_logprobs; so a
 // Responses stream is read only when its client asked).
 //
@@ -143,11 +141,11 @@ func (p *Policy) Admit(_ context.Context, r *policy.Request) (policy.Decision, e
 	return policy.Decision{SetFields: map[string][]byte{"logprobs": []byte("true"), "top_logprobs": k}}, nil
 }
 
-// sampledReq reports whether the policy asks for r's logprobs: a streamed chat or
-// completions request (without echo) that names neither logprobs nor top_logprobs, whose id
-// hashes into the sample share.
+// sampledReq reports whether the policy asks for r's logprobs: a chat or completions request
+// (without echo) that names neither logprobs nor top_logprobs, whose id hashes into the
+// sample share.
 func (p *Policy) sampledReq(r *policy.Request) bool {
-	if p.p.Sample <= 0 || r == nil || r.Request == nil || !r.Stream || r.LogprobsNamed {
+	if p.p.Sample <= 0 || r == nil || r.Request == nil || r.LogprobsNamed {
 		return false
 	}
 	switch r.Kind {
@@ -187,6 +185,32 @@ func sampled(salt, id string, share float64) bool {
 // WatchStream watches a stream whose answer carries logprobs: the client asked for them, or
 // the policy did (then the watcher strips them). Nil for any other stream.
 func (p *Policy) WatchStream(r *policy.Request) policy.StreamWatcher {
+	if w := p.watch(r); w != nil {
+		return w
+	}
+	return nil
+}
+
+// WatchBody reads a non-streamed answer's logprobs (a policy.BodyFilter) and, when the
+// policy asked for them, returns the body without them: every choice's logprobs null, every
+// other byte as the model server sent it.
+func (p *Policy) WatchBody(r *policy.Request, body []byte) ([]byte, []policy.Class) {
+	w := p.watch(r)
+	if w == nil {
+		return nil, nil
+	}
+	w.sc.ScanBody(body, w.visit)
+	var out []byte
+	if w.strip && w.sc.Strippable() {
+		out = w.sc.AppendStripped(make([]byte, 0, len(body)), body)
+		w.stripped++
+	}
+	w.End()
+	return out, nil
+}
+
+// watch is a watcher for r's answer, nil when it carries no logprobs to read.
+func (p *Policy) watch(r *policy.Request) *watcher {
 	if r == nil || r.Request == nil {
 		return nil
 	}

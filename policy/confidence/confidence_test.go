@@ -93,7 +93,7 @@ func TestAdmitAsks(t *testing.T) {
 	}{
 		{"chat", openai.KindChat, chatReq, map[string]string{"logprobs": "true", "top_logprobs": "5"}},
 		{"completions", openai.KindCompletion, compReq, map[string]string{"logprobs": "5"}},
-		{"not streamed", openai.KindChat, strings.Replace(chatReq, `"stream":true`, `"stream":false`, 1), nil},
+		{"not streamed", openai.KindChat, strings.Replace(chatReq, `"stream":true`, `"stream":false`, 1), map[string]string{"logprobs": "true", "top_logprobs": "5"}},
 		{"asked", openai.KindChat, chatAsked, nil},
 		{"refused by the client", openai.KindChat, strings.Replace(chatReq, `"stream":true`, `"stream":true,"logprobs":false`, 1), nil},
 		{"top_logprobs named", openai.KindChat, strings.Replace(chatReq, `"stream":true`, `"stream":true,"top_logprobs":null`, 1), nil},
@@ -623,5 +623,43 @@ func BenchmarkWatcher(b *testing.B) {
 			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N*tokens), "cpu-ns/token")
 			b.ReportMetric(float64(tokens), "tokens/stream")
 		})
+	}
+}
+
+// TestWatchBody: a non-streamed answer is read whole; when the policy asked for its logprobs
+// the client gets the body with every choice's logprobs null and every other byte kept, and
+// when the client asked, the body as it is. Both are counted.
+func TestWatchBody(t *testing.T) {
+	body := `{"id":"c1","object":"chat.completion","model":"sim-llama","choices":[{"index":0,"message":{"role":"assistant","content":"hi there"},` +
+		`"logprobs":{"content":[{"token":"hi","logprob":-0.1,"bytes":null,"top_logprobs":[{"token":"hi","logprob":-0.1},{"token":"yo","logprob":-2.5}]},` +
+		`{"token":" there","logprob":-0.7,"bytes":null,"top_logprobs":[{"token":" there","logprob":-0.7},{"token":" you","logprob":-0.9}]}]},"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}`
+	stripped := body[:strings.Index(body, `"logprobs":`)] + `"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}`
+	for _, tc := range []struct {
+		name, req string
+		want      string // "" for no replacement
+	}{
+		{"sampled", strings.Replace(chatReq, `"stream":true`, `"stream":false`, 1), stripped},
+		{"client asked", strings.Replace(chatAsked, `"stream":true`, `"stream":false`, 1), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPolicy(t, Params{Sample: 1})
+			rep, flags := p.WatchBody(request(t, openai.KindChat, tc.req, "req-1"), []byte(body))
+			if flags != nil || string(rep) != tc.want {
+				t.Fatalf("replacement %q flags %v, want %q", rep, flags, tc.want)
+			}
+			if rep != nil && !json.Valid(rep) {
+				t.Fatalf("not JSON: %s", rep)
+			}
+			snap := p.Snapshot()
+			if len(snap.Series) != 1 || snap.Series[0].Tokens != 2 {
+				t.Fatalf("series %+v, want 2 tokens read", snap.Series)
+			}
+		})
+	}
+	// Not asked by anyone: nothing is read.
+	p := newPolicy(t, Params{})
+	if rep, _ := p.WatchBody(request(t, openai.KindChat, strings.Replace(chatReq, `"stream":true`, `"stream":false`, 1), "r"), []byte(body)); rep != nil || len(p.Snapshot().Series) != 0 {
+		t.Fatal("an answer nobody asked logprobs for was read")
 	}
 }
