@@ -36,7 +36,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	slo := fs.String("slo", "ttft=250ms,itl=50ms", "SLO for goodput and attainment (sluice load's --slo syntax)")
 	verbose := fs.Bool("v", false, "show the gateway's logs")
 	chaosPhase := fs.Bool("chaos", true, "run the chaos phase: faults on the primary while the workload runs")
-	outputPhase := fs.Bool("output", true, "run the output-side phase: looping answers cut, confidence from logprobs, a KV-cache leak flagged")
+	outputPhase := fs.Bool("output", true, "run the output-side phase: looping answers cut, confidence from logprobs, a KV-cache leak and a stall flagged")
 	shadowRequests := fs.Int("shadow-requests", 96, "requests of the shadow phase (0: no shadow phase): a slower, flakier candidate is mirrored and judged")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice demo [--requests N] [--turns T] [--concurrency C] [--max-tokens T] [--slo S] [-v]
@@ -50,8 +50,8 @@ token, streams cut mid-way and malformed chunks on the primary while the same wo
 and a table of the faults injected against what the client saw (fallbacks, resumed streams).
 Then the output side: answers that fall into a loop are cut within a bounded number of tokens
 (the upstream request cancelled), the model's confidence is measured from logprobs the
-gateway asks for and strips, and a KV-cache leak planted on one of the small model's two
-servers is flagged and that server picked less until the leak is freed.
+gateway asks for and strips, and a KV-cache leak and then a stall planted on one of the small
+model's two servers are flagged, that server picked less until it recovers.
 Last a shadow phase: a new config (applied live) mirrors the llama route to a candidate
 server that is slower to the first token and fails 5% of requests; the pairs are compared
 and the promote / hold / rollback verdict is printed with its evidence.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -24,7 +25,7 @@ import (
 // cut, ordinary ones are not; the confidence policy's reading of the answers; a KV-cache leak
 // planted on the second server is flagged and the server picked less until it is freed.
 func demoOutputSide(ctx context.Context, w io.Writer, srv *proxy.Server, sims *demoSims) error {
-	fmt.Fprintln(w, "\noutput side: the small model's route cuts looping answers and reads the model's confidence; then a KV-cache leak on one of its two servers")
+	fmt.Fprintln(w, "\noutput side: the small model's route cuts looping answers and reads the model's confidence; then a KV-cache leak and a stall on one of its two servers")
 	hc := &http.Client{Timeout: 30 * time.Second}
 	defer hc.CloseIdleConnections()
 	url := "http://" + srv.Addr() + "/v1/chat/completions"
@@ -153,6 +154,64 @@ func demoOutputSide(ctx context.Context, w io.Writer, srv *proxy.Server, sims *d
 	}
 	fmt.Fprintf(w, "  state: %s flagged on the second server %v after the leak began (effective weight %.2f); it served %d of 40 requests while flagged (%d of 40 before); cleared %v after the leak was freed\n",
 		strings.Join(flagged.Flags, ", "), took.Round(100*time.Millisecond), flagged.EffectiveWeight, during, before, time.Since(start).Round(100*time.Millisecond))
+	return demoStall(ctx, w, hc, srv, sims.small2, leaky)
+}
+
+// demoStall stalls the second server under its own traffic (sent to it directly, as other
+// gateways would): its engine stops while requests keep arriving, so its queue grows as its
+// throughput falls to nothing; the gateway flags it, and clears the flag once it runs again.
+func demoStall(ctx context.Context, w io.Writer, hc *http.Client, srv *proxy.Server, rs *runningSim, endpoint string) error {
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stop()
+		rs.sim.SetSlowdown(1)
+		wg.Wait()
+	}()
+	client := func() {
+		defer wg.Done()
+		for lctx.Err() == nil {
+			req, err := http.NewRequestWithContext(lctx, http.MethodPost, "http://"+rs.addr+"/v1/chat/completions",
+				strings.NewReader(`{"model":"qwen-small-sim","max_tokens":16,"messages":[{"role":"user","content":"steady"}]}`))
+			if err != nil {
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := hc.Do(req)
+			if err != nil {
+				continue
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	for range 12 { // steady traffic: throughput, no queue
+		wg.Add(1)
+		go client()
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(1500 * time.Millisecond):
+	}
+	rs.sim.SetSlowdown(math.Inf(1)) // the engine stops
+	for range 12 {                  // and requests keep coming: the queue grows
+		wg.Add(1)
+		go client()
+	}
+	start := time.Now()
+	flagged, err := demoWaitFlag(ctx, hc, srv, endpoint, true, 15*time.Second)
+	if err != nil {
+		return err
+	}
+	took := time.Since(start)
+	rs.sim.SetSlowdown(1)
+	start = time.Now()
+	if _, err := demoWaitFlag(ctx, hc, srv, endpoint, false, 20*time.Second); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "  state: %s flagged on the second server %v after its engine stopped with requests queueing (effective weight %.2f); cleared %v after it ran again\n",
+		strings.Join(flagged.Flags, ", "), took.Round(100*time.Millisecond), flagged.EffectiveWeight, time.Since(start).Round(100*time.Millisecond))
 	return nil
 }
 

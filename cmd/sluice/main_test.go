@@ -63,7 +63,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo exit %d\nstdout: %s\nstderr: %s", code, out.String(), errb.String())
 	}
 	for _, want := range []string{"chat-llama", "chat-small", "8 requests in", "shadow phase", "rollback",
-		"runaway: 8 of 8 looping streams cut", "0 of 8 ordinary answers cut", "state: kv_leak flagged", "confidence: "} {
+		"runaway: 8 of 8 looping streams cut", "0 of 8 ordinary answers cut", "state: kv_leak flagged", "state: stall flagged", "confidence: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
