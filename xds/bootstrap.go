@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode"
 
 	"gopkg.in/yaml.v3"
 
@@ -141,8 +142,12 @@ func (e *BootstrapError) Error() string {
 func (b Bootstrap) Validate() error {
 	var p []string
 	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
-	if b.NodeID == "" {
+	switch n := b.NodeID; {
+	case n == "":
 		add("node_id: required (no hostname to default to)")
+	case len(n) > shadow.MaxNameLen || strings.ContainsFunc(n, unicode.IsControl) || n != strings.TrimSpace(n):
+		// It also names the replica in the shadow store (shadow.instance).
+		add("node_id: %q: at most %d bytes, without control characters or surrounding spaces", n, shadow.MaxNameLen)
 	}
 	if err := checkAddr(b.Server); err != nil {
 		add("server: %v", err)

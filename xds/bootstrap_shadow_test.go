@@ -3,6 +3,7 @@ package xds_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sluicegw/sluice/xds"
@@ -28,6 +29,30 @@ func TestBootstrapShadowStore(t *testing.T) {
 		}
 		if b.ShadowStore != tc.want {
 			t.Errorf("shadow_store %q loaded as %q, want %q", tc.store, b.ShadowStore, tc.want)
+		}
+	}
+}
+
+// TestBootstrapNodeID: the node id also names the replica in the shadow store
+// (shadow.instance), so it takes the same bounds.
+func TestBootstrapNodeID(t *testing.T) {
+	for _, tc := range []struct {
+		id string
+		ok bool
+	}{
+		{"edge-7", true},
+		{"replica 1", true},
+		{strings.Repeat("n", 256), true},
+		{strings.Repeat("n", 257), false},
+		{"edge\n7", false},
+		{" edge-7", false},
+	} {
+		err := xds.Bootstrap{NodeID: tc.id, Server: "127.0.0.1:18000", RouteConfig: "sluice"}.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("node_id %q: %v, want ok=%v", tc.id, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "node_id") {
+			t.Errorf("node_id %q: %v does not name node_id", tc.id, err)
 		}
 	}
 }

@@ -53,10 +53,13 @@ type TranslateOptions struct {
 	// the only one received (a problem when there are several).
 	RouteConfig string
 	// The replica's own settings, which need a restart to change and so are not the control
-	// plane's: load signals, whether fault injection is on (`--chaos`), the shadow store file.
-	LoadSignals config.LoadSignals
-	Chaos       bool
-	ShadowStore string
+	// plane's: load signals, whether fault injection is on (`--chaos`), the shadow store file
+	// (or the URL of the store the fleet shares) and the replica's name in it (shadow.instance:
+	// `sluice serve --xds` gives its node id).
+	LoadSignals    config.LoadSignals
+	Chaos          bool
+	ShadowStore    string
+	ShadowInstance string
 }
 
 // InitialConfig is the config a replica starts with before the first push: the options' listen
@@ -80,6 +83,7 @@ func local(c *config.Config, opts TranslateOptions) {
 	c.LoadSignals = opts.LoadSignals
 	c.Chaos.Enabled = opts.Chaos
 	c.Shadow.Store = opts.ShadowStore
+	c.Shadow.Instance = opts.ShadowInstance
 }
 
 // Translate turns a set of xDS resources into a finished config (defaults applied and
@@ -232,7 +236,7 @@ func (t *translator) global(c *config.Config, ext *corev3.TypedExtensionConfig) 
 		t.add(at, "shadow.store: a replica's own file: give it in the bootstrap file")
 	}
 	if g.Shadow.Instance != "" {
-		t.add(at, "shadow.instance: a replica's own name (its host name by default): not the control plane's")
+		t.add(at, "shadow.instance: a replica's own name (its node id): not the control plane's")
 	}
 	c.MaxBodyBytes, c.MaxEventBytes, c.DrainTimeout, c.DrainDelay = g.MaxBodyBytes, g.MaxEventBytes, g.DrainTimeout, g.DrainDelay
 	c.Timeouts, c.Chaos = g.Timeouts, g.Chaos

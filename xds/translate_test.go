@@ -745,12 +745,15 @@ func TestTranslateReplicaOwnSettings(t *testing.T) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
 	}
-	c, err := Translate(Resources{}, TranslateOptions{LoadSignals: config.LoadSignals{Names: "tgi"}, Chaos: true, ShadowStore: "s.db"})
+	c, err := Translate(Resources{}, TranslateOptions{LoadSignals: config.LoadSignals{Names: "tgi"}, Chaos: true, ShadowStore: "s.db", ShadowInstance: "edge-7"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.LoadSignals.Names != "tgi" || !c.Chaos.Enabled || c.Shadow.Store != "s.db" {
-		t.Errorf("the options' own settings were not kept: %+v %+v %q", c.LoadSignals, c.Chaos, c.Shadow.Store)
+	if c.LoadSignals.Names != "tgi" || !c.Chaos.Enabled || c.Shadow.Store != "s.db" || c.Shadow.Instance != "edge-7" {
+		t.Errorf("the options' own settings were not kept: %+v %+v %q %q", c.LoadSignals, c.Chaos, c.Shadow.Store, c.Shadow.Instance)
+	}
+	if c, err := InitialConfig(TranslateOptions{ShadowInstance: "edge-7"}); err != nil || c.Shadow.Instance != "edge-7" {
+		t.Errorf("initial config: instance %q, %v", c.Shadow.Instance, err)
 	}
 }
 

@@ -34,6 +34,10 @@ func TestCommands(t *testing.T) {
 		{"xds help", []string{"xds", "--help"}, 0, "", "--route-config"},
 		{"xds needs a config", []string{"xds"}, 1, "", "--config is required"},
 		{"xds bad config", []string{"xds", "--config", "testdata/bad.yaml", "--listen", "127.0.0.1:0"}, 1, "", "routes[0].cluster: unknown cluster"},
+		{"xds help names the progression flags", []string{"xds", "--help"}, 0, "", "--shadow-store"},
+		{"xds shadow store not shared", []string{"xds", "--config", "testdata/check-good.yaml", "--shadow-store", "/var/lib/sluice/shadow.db"}, 1, "", "--shadow-store \"/var/lib/sluice/shadow.db\": a postgres:// URL"},
+		{"xds shadow store bad URL", []string{"xds", "--config", "testdata/check-good.yaml", "--shadow-store", "postgres://db/shadow?sslmode=sometimes"}, 1, "", "--shadow-store: "},
+		{"xds admin address invalid", []string{"xds", "--config", "testdata/check-good.yaml", "--listen", "127.0.0.1:0", "--admin", "256.0.0.1:1"}, 1, "", "admin listen 256.0.0.1:1"},
 		{"load help", []string{"load", "--help"}, 0, "", "--target"},
 		{"load needs a target", []string{"load", "--synthetic", "in=fixed:10,out=fixed:4"}, 1, "", "target: required"},
 	}

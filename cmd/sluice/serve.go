@@ -190,7 +190,7 @@ func xdsBootstrap(file string, set map[string]bool, f xdsFlags) (xds.Bootstrap, 
 // config (not ready), and the ADS client applies every good config the control plane pushes.
 func serveXDS(ctx context.Context, boot xds.Bootstrap, log *slog.Logger, chaos bool) error {
 	topts := xds.TranslateOptions{Listen: boot.Listen, TLS: boot.ListenTLS, AdminListen: boot.Admin, AdminMetricsTokenEnv: boot.MetricsTokenEnv, RouteConfig: boot.RouteConfig,
-		LoadSignals: boot.LoadSignals, Chaos: chaos, ShadowStore: boot.ShadowStore}
+		LoadSignals: boot.LoadSignals, Chaos: chaos, ShadowStore: boot.ShadowStore, ShadowInstance: boot.NodeID}
 	cfg, err := xds.InitialConfig(topts)
 	if err != nil {
 		return err

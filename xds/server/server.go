@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/shadow"
 )
 
 // DefaultWatchInterval is how often the config file is checked for changes.
@@ -42,6 +44,14 @@ type Options struct {
 	Logger *slog.Logger
 	// GRPCOptions are passed to grpc.NewServer (credentials, keep-alive, limits).
 	GRPCOptions []grpc.ServerOption
+	// ShadowStore is the shadow store the replicas share (a postgres:// URL; a SQLite file
+	// works too, for one host). With one (default: the file's shadow.store when it is a
+	// postgres URL), Serve runs the weight progression of the routes with a
+	// mirror.progression from the fleet's verdicts (docs/xds.md).
+	ShadowStore string
+	// StoreWait bounds how long Serve waits for the shadow store to open before it judges
+	// once and serves (default 5s; the file's weights are served when it passes).
+	StoreWait time.Duration
 }
 
 // Server serves a config file over xDS (ADS, delta and state-of-the-world, plus CDS, EDS,
@@ -54,12 +64,24 @@ type Server struct {
 	log   *slog.Logger
 	cache cache.SnapshotCache
 
-	mu      sync.Mutex
-	current *cache.Snapshot
-	version string
-	content []byte           // of the file served
-	tried   []byte           // of the file last read, valid or not
-	streams map[int64]string // open streams and their node ids
+	mu          sync.Mutex
+	current     *cache.Snapshot
+	version     string           // of the snapshot served
+	content     []byte           // of the file served
+	tried       []byte           // of the file last read, valid or not
+	streams     map[int64]string // open streams and their node ids
+	file        *config.Config   // the file's config, as loaded
+	fileVersion string
+	gen         int                       // counts the file's accepted changes
+	served      *config.Config            // file with the overlay's weights: what the snapshot holds
+	overlay     map[string]int            // route → its progression split's weight, set by the control plane
+	pushes      int                       // weight changes so far (the snapshot versions' "+pN")
+	prog        map[string]*progressState // by route
+
+	// storeURL is the shared shadow store ("": no progression); writer, started by Serve,
+	// writes the control plane's verdicts to it and holds the store read.
+	storeURL string
+	writer   atomic.Pointer[shadow.Writer]
 }
 
 // fleet is the one snapshot key: every node gets the same resources.
@@ -82,10 +104,17 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts, log: opts.Logger, streams: map[int64]string{}}
+	if opts.StoreWait <= 0 {
+		opts.StoreWait = storeWait
+	}
+	s := &Server{opts: opts, log: opts.Logger, streams: map[int64]string{}, overlay: map[string]int{}, prog: map[string]*progressState{}}
 	s.cache = cache.NewSnapshotCache(false, fleet{}, slogAdapter{opts.Logger})
 	if _, err := s.Reload(context.Background()); err != nil {
 		return nil, err
+	}
+	s.storeURL = opts.ShadowStore
+	if s.storeURL == "" && shadow.IsPostgresURL(s.file.Shadow.Store) {
+		s.storeURL = s.file.Shadow.Store
 	}
 	return s, nil
 }
@@ -101,6 +130,10 @@ func (s *Server) Version() string {
 func (s *Server) Nodes() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.nodesLocked()
+}
+
+func (s *Server) nodesLocked() []string {
 	seen := map[string]bool{}
 	out := []string{}
 	for _, n := range s.streams {
@@ -115,7 +148,9 @@ func (s *Server) Nodes() []string {
 
 // Reload re-reads the file. Content unchanged since the last read does nothing; a valid new
 // config becomes the snapshot of every node (changed reports it); an invalid one is returned
-// (a *config.ValidationError lists every problem) and the old snapshot stays.
+// (a *config.ValidationError lists every problem) and the old snapshot stays. The weights the
+// control plane set (its progression) stay on the new config, except on the routes whose
+// splits, progression split or candidate the file changed: those take the file's weights.
 func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 	data, err := os.ReadFile(s.opts.ConfigPath)
 	if err != nil {
@@ -132,26 +167,70 @@ func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	res, err := Resources(c, s.opts.RouteConfig)
-	if err != nil {
+	if _, err := Resources(c, s.opts.RouteConfig); err != nil {
 		return false, fmt.Errorf("config %s: %w", s.opts.ConfigPath, err)
-	}
-	snap, err := cache.NewSnapshot(c.Version, res)
-	if err != nil {
-		return false, fmt.Errorf("xds server: snapshot: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.version == c.Version {
+	if s.fileVersion == c.Version {
 		s.content = data
 		return false, nil
 	}
-	s.current, s.version, s.content = snap, c.Version, data
-	// One snapshot for the fleet (the cache's node hash maps every node to it).
-	if err := s.cache.SetSnapshot(ctx, fleet{}.ID(nil), snap); err != nil {
-		return true, fmt.Errorf("xds server: snapshot: %w", err)
+	overlay, dropped := keptOverlay(s.file, c, s.overlay)
+	eff := withWeights(c, overlay)
+	if len(overlay) > 0 {
+		if err := eff.Validate(); err != nil {
+			// The file's weights with the control plane's break a rule (say, every split at
+			// 0): the file's own win.
+			s.log.Warn("progression: the file's new config refuses the control plane's weights; serving the file's", "err", err)
+			dropped, overlay, eff = append(dropped, keys(overlay)...), map[string]int{}, c
+		}
+	}
+	version := snapshotVersion(c.Version, overlay, s.pushes)
+	if err := s.publish(ctx, eff, version); err != nil {
+		return false, err
+	}
+	s.content, s.file, s.fileVersion, s.overlay = data, c, c.Version, overlay
+	s.gen++
+	for _, name := range dropped {
+		if ps := s.prog[name]; ps != nil {
+			ps.stepped = time.Time{} // a new rollout: its first promote steps at once
+		}
+		s.log.Info("progression: the file changed the route; its weights are the file's again", "route", name)
+	}
+	for name := range s.prog {
+		if r := findRoute(c, name); r == nil || progressed(*r) == nil {
+			delete(s.prog, name)
+		}
 	}
 	return true, nil
+}
+
+// publish makes eff, under version, the snapshot of every node (called with s.mu held).
+func (s *Server) publish(ctx context.Context, eff *config.Config, version string) error {
+	res, err := Resources(eff, s.opts.RouteConfig)
+	if err != nil {
+		return fmt.Errorf("config %s: %w", s.opts.ConfigPath, err)
+	}
+	snap, err := cache.NewSnapshot(version, res)
+	if err != nil {
+		return fmt.Errorf("xds server: snapshot: %w", err)
+	}
+	// One snapshot for the fleet (the cache's node hash maps every node to it).
+	if err := s.cache.SetSnapshot(ctx, fleet{}.ID(nil), snap); err != nil {
+		return fmt.Errorf("xds server: snapshot: %w", err)
+	}
+	s.current, s.version, s.served = snap, version, eff
+	return nil
+}
+
+func keys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // seen records a stream's node the first time the stream asks for anything.
@@ -211,6 +290,23 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	extensionservice.RegisterExtensionConfigDiscoveryServiceServer(gs, xs)
 
 	var wg sync.WaitGroup
+	if s.storeURL != "" {
+		w := s.startProgression(ctx)
+		defer func() {
+			cctx, ccancel := context.WithTimeout(context.Background(), writerCloseWait)
+			defer ccancel()
+			if err := w.Close(cctx); err != nil {
+				s.log.Warn("shadow store close", "err", err)
+			}
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.progressLoop(ctx)
+		}()
+	} else if s.hasProgression() {
+		s.log.Info("progression off: no shared shadow store (--shadow-store, or a postgres:// shadow.store in the file); the routes' weights are the file's")
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -233,6 +329,56 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	wg.Wait()
 	return err
+}
+
+// hasProgression reports whether a route of the file has a mirror.progression.
+func (s *Server) hasProgression() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.ContainsFunc(s.file.Routes, func(r config.Route) bool { return progressed(r) != nil })
+}
+
+// startProgression starts the writer of the shared store and, before anything is served,
+// waits for it (at most Options.StoreWait) and judges once: a control plane that restarts (its
+// weights are in its memory only) thus serves a candidate the fleet's verdict rolls back at
+// weight 0 from its first snapshot, not at the file's weight for an interval.
+func (s *Server) startProgression(ctx context.Context) *shadow.Writer {
+	opened := make(chan struct{})
+	url := s.storeURL
+	w := shadow.StartWriter(func(ctx context.Context) (*shadow.Store, error) { return shadow.OpenStore(ctx, url) },
+		shadow.WriterConfig{Log: s.log.With("component", "shadow store"), OnOpen: func(*shadow.Store) { close(opened) }})
+	s.writer.Store(w)
+	t := time.NewTimer(s.opts.StoreWait)
+	defer t.Stop()
+	select {
+	case <-opened:
+	case <-t.C:
+		s.log.Warn("progression: the shadow store did not open in time; serving the file's weights until it does",
+			"store", shadow.RedactDSN(url), "err", w.Stats().LastError)
+	case <-ctx.Done():
+		return w
+	}
+	s.judgeAll(ctx, time.Now())
+	s.log.Info("progression on: the fleet's verdicts step the weights of routes with a mirror.progression",
+		"store", shadow.RedactDSN(url), "version", s.Version())
+	return w
+}
+
+// progressLoop judges every shadow.interval (the served config's) until ctx ends.
+func (s *Server) progressLoop(ctx context.Context) {
+	for {
+		s.mu.Lock()
+		d := judgeInterval(s.file)
+		s.mu.Unlock()
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		s.judgeAll(ctx, time.Now())
+	}
 }
 
 func (s *Server) watch(ctx context.Context) {

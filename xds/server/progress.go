@@ -1,0 +1,412 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/sluicegw/sluice/policy/route"
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/shadow"
+)
+
+// The control plane's weight progression: for every route with a mirror.progression it judges
+// the fleet's verdict from the shared shadow store each shadow.interval (shadow.Store.FleetInput
+// and shadow.Evaluate with the served config's shadow.verdict: the numbers every replica
+// computes) and steps the candidate's split weight as a file-configured gateway does on its
+// own: promote adds step, at most once per progression interval, up to max; rollback sets 0.
+// The new weights are an overlay on the file's, pushed to every replica in a new snapshot.
+
+// Instance names the control plane in the shadow store: the gateway instance of the verdicts
+// it records (with the weight it set as their action). A host name cannot contain a space, so
+// it is never a replica's.
+const Instance = "sluice xds"
+
+const (
+	// fleetReadTimeout bounds reading one route's fleet window from the store.
+	fleetReadTimeout = 5 * time.Second
+	// storeWait is Options.StoreWait's default.
+	storeWait = 5 * time.Second
+	// writerCloseWait bounds writing the verdicts held when Serve returns.
+	writerCloseWait = 5 * time.Second
+	// maxSteps is how many weight changes per route the status keeps.
+	maxSteps = 32
+)
+
+// Step is one weight change of a route's candidate split made by the control plane.
+type Step struct {
+	Time     time.Time       `json:"time"`
+	Decision shadow.Decision `json:"decision"`
+	Split    string          `json:"split"`
+	From     int             `json:"from"`
+	To       int             `json:"to"`
+	// Version is the snapshot that carried it to the replicas.
+	Version string `json:"version"`
+	// Action is what was recorded in the shadow store as the verdict's action.
+	Action string `json:"action"`
+}
+
+// Judged is the fleet verdict the control plane computed last for a route.
+type Judged struct {
+	Time     time.Time       `json:"time"`
+	Decision shadow.Decision `json:"decision"`
+	Reason   string          `json:"reason"`
+	// Pairs and Replicas are the totals of the window judged, Sources the gateway instances
+	// whose pairs it holds.
+	Pairs    int64           `json:"pairs"`
+	Replicas int64           `json:"replicas"`
+	Sources  []shadow.Source `json:"sources"`
+	// Seconds is how long reading the window and judging it took.
+	Seconds float64 `json:"seconds"`
+}
+
+// RouteProgress is the control plane's state of one route with a progression.
+type RouteProgress struct {
+	Route string `json:"route"`
+	// Split is the candidate's split, Candidate what the verdict compares (as the replicas
+	// name it in the store: the mirror's cluster, "/model" when rewritten, " vs baseline").
+	Split     string          `json:"split"`
+	Candidate string          `json:"candidate"`
+	Step      int             `json:"step"`
+	Max       int             `json:"max"`
+	Interval  config.Duration `json:"interval"`
+	// FileWeight is the split's weight in the file, Weight the one the replicas are sent;
+	// Overridden says Weight is the control plane's.
+	FileWeight int  `json:"file_weight"`
+	Weight     int  `json:"weight"`
+	Overridden bool `json:"overridden"`
+	// SteppedAt is the last weight change (a promote steps again at most one interval later).
+	SteppedAt *time.Time `json:"stepped_at,omitempty"`
+	Verdict   *Judged    `json:"verdict,omitempty"`
+	// Steps are the latest weight changes, oldest first (at most 32).
+	Steps []Step `json:"steps"`
+	// Error is why the last judgement could not be made or acted on ("" when it was).
+	Error string `json:"error,omitempty"`
+}
+
+// progressState is what the server keeps of a route with a progression between judgements.
+type progressState struct {
+	stepped time.Time
+	verdict *Judged
+	steps   []Step
+	err     string
+}
+
+// identityOf names what a route's mirror compares, exactly as the replicas name it in the
+// store (proxy's identityOf): the candidate cluster, "/model" when the mirror rewrites the
+// model, and " vs baseline" with one.
+func identityOf(m *config.Mirror) string {
+	id := m.Cluster
+	if m.Model != "" {
+		id += "/" + m.Model
+	}
+	if m.Baseline != "" {
+		id += " vs " + m.Baseline
+	}
+	return id
+}
+
+// progressed reports the route's progression (nil without one).
+func progressed(r config.Route) *config.Progression {
+	if r.Mirror == nil {
+		return nil
+	}
+	return r.Mirror.Progression
+}
+
+// splitIndex is the index of the route's split named name (the split's name, else its
+// cluster, as route.Router.SetWeights names them), or -1.
+func splitIndex(splits []route.Split, name string) int {
+	return slices.IndexFunc(splits, func(sp route.Split) bool {
+		return sp.Name == name || sp.Name == "" && sp.Cluster == name
+	})
+}
+
+// nextWeight is the candidate split's weight after verdict d, from cur (Flagger style, as a
+// file-configured gateway steps it): rollback sets 0; promote adds p.Step, up to p.Max, when
+// the last step is at least p.Interval ago; anything else keeps cur.
+func nextWeight(d shadow.Decision, cur int, p config.Progression, stepped, now time.Time) int {
+	switch d {
+	case shadow.Rollback:
+		return 0
+	case shadow.Promote:
+		if cur < p.Max && (stepped.IsZero() || now.Sub(stepped) >= p.Interval.D()) {
+			return min(p.Max, cur+p.Step)
+		}
+	}
+	return cur
+}
+
+// progressKey is what of a route, when the file changes it, discards the control plane's
+// weight for it: its splits (names, clusters, weights), its progression's split and what its
+// mirror compares. Other changes (the progression's step, interval or max included) keep it.
+func progressKey(r config.Route) string {
+	p := progressed(r)
+	if p == nil {
+		return ""
+	}
+	k := identityOf(r.Mirror) + "\x00" + p.Split
+	for _, sp := range r.Splits {
+		k += "\x00" + sp.Name + "\x01" + sp.Cluster + "\x01" + strconv.Itoa(sp.Weight)
+	}
+	return k
+}
+
+// keptOverlay is the part of overlay (route → its candidate split's weight) that survives the
+// file changing from old to next: a route's weight is dropped when next changes its splits,
+// its progression's split or its candidate (progressKey), or has no progression for it any
+// more. The dropped routes are returned, sorted.
+func keptOverlay(old, next *config.Config, overlay map[string]int) (map[string]int, []string) {
+	kept := map[string]int{}
+	var dropped []string
+	for name, w := range overlay {
+		or, nr := findRoute(old, name), findRoute(next, name)
+		if or == nil || nr == nil || progressKey(*nr) == "" || progressKey(*or) != progressKey(*nr) {
+			dropped = append(dropped, name)
+			continue
+		}
+		kept[name] = w
+	}
+	slices.Sort(dropped)
+	return kept, dropped
+}
+
+func findRoute(c *config.Config, name string) *config.Route {
+	if c == nil {
+		return nil
+	}
+	for i := range c.Routes {
+		if c.Routes[i].Name == name {
+			return &c.Routes[i]
+		}
+	}
+	return nil
+}
+
+// withWeights is c with the overlay's weights on its routes' progression splits: a copy (the
+// file's config is never changed), sharing everything but the routes and their splits.
+func withWeights(c *config.Config, overlay map[string]int) *config.Config {
+	if len(overlay) == 0 {
+		return c
+	}
+	out := *c
+	out.Routes = slices.Clone(c.Routes)
+	for i := range out.Routes {
+		r := &out.Routes[i]
+		w, ok := overlay[r.Name]
+		p := progressed(*r)
+		if !ok || p == nil {
+			continue
+		}
+		if j := splitIndex(r.Splits, p.Split); j >= 0 {
+			r.Splits = slices.Clone(r.Splits)
+			r.Splits[j].Weight = w
+		}
+	}
+	return &out
+}
+
+// weightIn is the weight of route name's progression split in c (false without one).
+func weightIn(c *config.Config, name string) (int, bool) {
+	r := findRoute(c, name)
+	if r == nil {
+		return 0, false
+	}
+	return weightOf(*r)
+}
+
+// weightOf is the weight of the route's progression split (false when it has none).
+func weightOf(r config.Route) (int, bool) {
+	p := progressed(r)
+	if p == nil {
+		return 0, false
+	}
+	j := splitIndex(r.Splits, p.Split)
+	if j < 0 {
+		return 0, false
+	}
+	return r.Splits[j].Weight, true
+}
+
+// snapshotVersion is the version of the snapshot served: the file's, and with weights of the
+// control plane's "+p" and the count of weight changes so far (unique within the process).
+func snapshotVersion(fileVersion string, overlay map[string]int, pushes int) string {
+	if len(overlay) == 0 {
+		return fileVersion
+	}
+	return fileVersion + "+p" + strconv.Itoa(pushes)
+}
+
+// rateFreshness is how far behind the newest an instance's rates may be and still count in
+// the fleet's: three verdict intervals, as the replicas judge.
+func rateFreshness(c *config.Config) time.Duration {
+	return 3 * judgeInterval(c)
+}
+
+// judgeInterval is the served config's shadow.interval.
+func judgeInterval(c *config.Config) time.Duration {
+	if d := c.Shadow.Interval.D(); d > 0 {
+		return d
+	}
+	return config.DefaultShadowInterval
+}
+
+// judged is one route's fleet verdict, read and computed outside the server's lock.
+type judged struct {
+	route     string
+	candidate string
+	verdict   shadow.Verdict
+	fleet     shadow.Fleet
+	took      time.Duration
+	err       error
+}
+
+// judgeAll judges every route with a progression over the fleet's pairs and steps its weight;
+// it returns how many weights changed. Reading the store happens without the server's lock;
+// a file change meanwhile discards the round (the next one judges the new file).
+func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
+	w := s.writer.Load()
+	if w == nil {
+		return 0
+	}
+	s.mu.Lock()
+	file, gen := s.file, s.gen
+	s.mu.Unlock()
+	st := w.Store()
+	var out []judged
+	for _, r := range file.Routes {
+		if progressed(r) == nil {
+			continue
+		}
+		j := judged{route: r.Name, candidate: identityOf(r.Mirror)}
+		if st == nil {
+			j.err = fmt.Errorf("shadow store %s not open yet", shadow.RedactDSN(s.storeURL))
+			if e := w.Stats().LastError; e != "" {
+				j.err = fmt.Errorf("%w: %s", j.err, e)
+			}
+			out = append(out, j)
+			continue
+		}
+		t0 := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
+		j.fleet, j.err = st.FleetInput(rctx, r.Name, j.candidate, file.Shadow.Window, rateFreshness(file))
+		cancel()
+		if j.err == nil {
+			j.verdict, j.err = shadow.Evaluate(file.Shadow.Verdict, j.fleet.Input)
+		}
+		j.took = time.Since(t0)
+		out = append(out, j)
+	}
+	changed := 0
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != gen {
+		return 0
+	}
+	for _, j := range out {
+		if s.act(ctx, j, now) {
+			changed++
+		}
+	}
+	return changed
+}
+
+// act records route j's verdict and applies its weight change, pushing a new snapshot (called
+// with s.mu held). It reports whether the weight changed.
+func (s *Server) act(ctx context.Context, j judged, now time.Time) bool {
+	ps := s.prog[j.route]
+	if ps == nil {
+		ps = &progressState{}
+		s.prog[j.route] = ps
+	}
+	if j.err != nil {
+		ps.err = j.err.Error()
+		s.log.Warn("progression: fleet verdict not judged", "route", j.route, "err", j.err)
+		return false
+	}
+	ps.err = ""
+	ps.verdict = &Judged{Time: now, Decision: j.verdict.Decision, Reason: j.verdict.Reason, Pairs: j.fleet.Pairs,
+		Replicas: j.fleet.Replicas, Sources: j.fleet.Sources, Seconds: j.took.Seconds()}
+	s.log.Debug("progression: fleet verdict", "route", j.route, "candidate", j.candidate, "decision", j.verdict.Decision,
+		"pairs", j.fleet.Pairs, "took", j.took)
+	r := findRoute(s.file, j.route)
+	if r == nil {
+		return false
+	}
+	p := progressed(*r)
+	cur, ok := weightIn(s.served, j.route)
+	if p == nil || !ok {
+		return false
+	}
+	next := nextWeight(j.verdict.Decision, cur, *p, ps.stepped, now)
+	if next == cur {
+		return false
+	}
+	overlay := map[string]int{}
+	for k, v := range s.overlay {
+		overlay[k] = v
+	}
+	if fw, _ := weightOf(*r); fw == next {
+		delete(overlay, j.route) // back at the file's weight
+	} else {
+		overlay[j.route] = next
+	}
+	action := fmt.Sprintf("weight %s %d→%d", p.Split, cur, next)
+	eff := withWeights(s.file, overlay)
+	if err := eff.Validate(); err != nil {
+		ps.err = fmt.Sprintf("%s refused: %v", action, err)
+		s.log.Error("progression: weight refused", "route", j.route, "split", p.Split, "from", cur, "to", next, "err", err)
+		return false
+	}
+	version := snapshotVersion(s.fileVersion, overlay, s.pushes+1)
+	if err := s.publish(ctx, eff, version); err != nil {
+		ps.err = fmt.Sprintf("%s not pushed: %v", action, err)
+		s.log.Error("progression: snapshot not pushed", "route", j.route, "err", err)
+		return false
+	}
+	s.overlay, s.pushes = overlay, s.pushes+1
+	ps.stepped = now
+	ps.steps = append(ps.steps, Step{Time: now, Decision: j.verdict.Decision, Split: p.Split, From: cur, To: next, Version: version, Action: action})
+	if len(ps.steps) > maxSteps {
+		ps.steps = slices.Delete(ps.steps, 0, len(ps.steps)-maxSteps)
+	}
+	s.log.Info("progression: weight pushed", "route", j.route, "candidate", j.candidate, "decision", j.verdict.Decision,
+		"reason", j.verdict.Reason, "split", p.Split, "from", cur, "to", next, "version", version,
+		"pairs", j.fleet.Pairs, "nodes", len(s.nodesLocked()))
+	s.writer.Load().AddVerdict(shadow.VerdictRecord{Route: j.route, CandidateID: j.candidate, Time: now, Verdict: j.verdict,
+		Pairs: j.fleet.Pairs, Replicas: j.fleet.Replicas, Action: action, Instance: Instance})
+	return true
+}
+
+// progressStatus is every progressed route's state (called with s.mu held).
+func (s *Server) progressStatus() []RouteProgress {
+	out := []RouteProgress{}
+	for _, r := range s.file.Routes {
+		p := progressed(r)
+		if p == nil {
+			continue
+		}
+		fw, _ := weightOf(r)
+		sw, _ := weightIn(s.served, r.Name)
+		_, over := s.overlay[r.Name]
+		rp := RouteProgress{Route: r.Name, Split: p.Split, Candidate: identityOf(r.Mirror), Step: p.Step, Max: p.Max,
+			Interval: p.Interval, FileWeight: fw, Weight: sw, Overridden: over, Steps: []Step{}}
+		if ps := s.prog[r.Name]; ps != nil {
+			if !ps.stepped.IsZero() {
+				t := ps.stepped
+				rp.SteppedAt = &t
+			}
+			if ps.verdict != nil {
+				v := *ps.verdict
+				v.Sources = slices.Clone(v.Sources)
+				rp.Verdict = &v
+			}
+			rp.Steps = append(rp.Steps, ps.steps...)
+			rp.Error = ps.err
+		}
+		out = append(out, rp)
+	}
+	return out
+}

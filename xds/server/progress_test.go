@@ -1,0 +1,543 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/policy/route"
+	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/shadow"
+	"github.com/sluicegw/sluice/test/pgtest"
+)
+
+func TestNextWeight(t *testing.T) {
+	p := config.Progression{Split: "cand", Step: 10, Max: 30, Interval: config.Duration(time.Minute)}
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		decision shadow.Decision
+		cur      int
+		stepped  time.Time
+		want     int
+	}{
+		{"first promote steps at once", shadow.Promote, 0, time.Time{}, 10},
+		{"promote a full interval later", shadow.Promote, 10, now.Add(-time.Minute), 20},
+		{"promote within the interval waits", shadow.Promote, 10, now.Add(-59 * time.Second), 10},
+		{"promote stops at max", shadow.Promote, 25, time.Time{}, 30},
+		{"promote at max holds", shadow.Promote, 30, time.Time{}, 30},
+		{"promote above max (the file's) holds", shadow.Promote, 40, time.Time{}, 40},
+		{"rollback sets 0 at once", shadow.Rollback, 20, now, 0},
+		{"rollback at 0 holds", shadow.Rollback, 0, time.Time{}, 0},
+		{"hold keeps", shadow.Hold, 20, time.Time{}, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := nextWeight(tc.decision, tc.cur, p, tc.stepped, now); got != tc.want {
+				t.Errorf("nextWeight(%s, %d) = %d, want %d", tc.decision, tc.cur, got, tc.want)
+			}
+		})
+	}
+}
+
+// progressConfig is testdata/progression.yaml with its placeholders replaced.
+func progressConfig(t testing.TB, cand string, weight, maxWeight int, embed string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "progression.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.NewReplacer("CAND", cand, "WEIGHT", fmt.Sprint(weight), "MAX", fmt.Sprint(maxWeight), "EMBED", embed).Replace(string(b))
+}
+
+func parseConfig(t *testing.T, yaml string) *config.Config {
+	t.Helper()
+	c, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestKeptOverlay(t *testing.T) {
+	old := parseConfig(t, progressConfig(t, "cand", 10, 30, "embed"))
+	for _, tc := range []struct {
+		name    string
+		next    string
+		dropped bool
+	}{
+		{"another route changes", progressConfig(t, "cand", 10, 30, "main"), false},
+		{"the progression's max changes", progressConfig(t, "cand", 10, 50, "embed"), false},
+		{"the candidate's file weight changes", progressConfig(t, "cand", 20, 30, "embed"), true},
+		{"the primary's weight changes", strings.Replace(progressConfig(t, "cand", 10, 30, "embed"), "weight: 100", "weight: 90", 1), true},
+		{"a new candidate", progressConfig(t, "next", 10, 30, "embed"), true},
+		{"a baseline added", strings.Replace(progressConfig(t, "cand", 10, 30, "embed"), "fraction: 1,", "fraction: 1, baseline: next,", 1), true},
+		{"no progression any more", strings.Replace(progressConfig(t, "cand", 10, 30, "embed"), ", progression: {step: 10, interval: 1m, max: 30}", "", 1), true},
+		{"the route is gone", strings.Replace(progressConfig(t, "cand", 10, 30, "embed"), "name: chat", "name: talk", 1), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kept, dropped := keptOverlay(old, parseConfig(t, tc.next), map[string]int{"chat": 0})
+			if _, ok := kept["chat"]; ok == tc.dropped || slices.Equal(dropped, []string{"chat"}) != tc.dropped {
+				t.Errorf("kept %v, dropped %v; want dropped=%v", kept, dropped, tc.dropped)
+			}
+		})
+	}
+}
+
+func TestWithWeights(t *testing.T) {
+	c := parseConfig(t, progressConfig(t, "cand", 10, 30, "embed"))
+	eff := withWeights(c, map[string]int{"chat": 25, "embeddings": 3})
+	if w, _ := weightOf(*findRoute(eff, "chat")); w != 25 {
+		t.Errorf("chat's candidate at %d, want 25", w)
+	}
+	if w, _ := weightOf(*findRoute(c, "chat")); w != 10 {
+		t.Errorf("the file's config changed: chat's candidate at %d, want 10", w)
+	}
+	if r := findRoute(eff, "embeddings"); len(r.Splits) != 0 || r.Cluster != "embed" {
+		t.Errorf("a route without a progression changed: %+v", r)
+	}
+	if withWeights(c, nil) != c {
+		t.Error("no overlay: not the file's config itself")
+	}
+}
+
+// storePairs stores n pairs of the route's candidate, alternately mirrored by gw-a and gw-b,
+// the candidate's TTFT slower by slower (each pair its own latency, a few ms apart).
+func storePairs(t testing.TB, st *shadow.Store, candidate string, n int, slower time.Duration, t0 time.Time) {
+	t.Helper()
+	for i := range n {
+		p := shadow.Answer{Status: 200, TTFT: time.Duration(40+i%9) * time.Millisecond, ITL: 5 * time.Millisecond,
+			E2E: time.Duration(200+i%11) * time.Millisecond, OutputTokens: 32, FinishReason: "stop", Text: "the quick brown fox jumps over the lazy dog"}
+		c := p
+		c.TTFT += slower
+		c.E2E += slower
+		rep := p
+		rec := shadow.NewPairRecord("chat", t0.Add(time.Duration(i)*time.Millisecond), []byte(`{"model":"m"}`), p, c, &rep, shadow.Compare(shadow.Request{}, p, c))
+		rec.CandidateID, rec.Instance = candidate, []string{"gw-a", "gw-b"}[i%2]
+		if err := st.AddPair(context.Background(), rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// chatWeight is the weight of cluster in route chat of a RouteConfiguration response (-1 when
+// the response has no such split).
+func chatWeight(t *testing.T, r *discoverygrpc.DeltaDiscoveryResponse, cluster string) int {
+	t.Helper()
+	if r.GetTypeUrl() != resource.RouteType {
+		return -1
+	}
+	for _, res := range r.GetResources() {
+		rc := &routev3.RouteConfiguration{}
+		if err := res.GetResource().UnmarshalTo(rc); err != nil {
+			t.Fatal(err)
+		}
+		for _, vh := range rc.GetVirtualHosts() {
+			for _, rt := range vh.GetRoutes() {
+				if rt.GetName() != "chat" {
+					continue
+				}
+				for _, cw := range rt.GetRoute().GetWeightedClusters().GetClusters() {
+					if cw.GetName() == cluster {
+						return int(cw.GetWeight().GetValue())
+					}
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// embeddingsCluster is the cluster of route embeddings in a RouteConfiguration response.
+func embeddingsCluster(t *testing.T, r *discoverygrpc.DeltaDiscoveryResponse) string {
+	t.Helper()
+	if r.GetTypeUrl() != resource.RouteType {
+		return ""
+	}
+	for _, res := range r.GetResources() {
+		rc := &routev3.RouteConfiguration{}
+		if err := res.GetResource().UnmarshalTo(rc); err != nil {
+			t.Fatal(err)
+		}
+		for _, vh := range rc.GetVirtualHosts() {
+			for _, rt := range vh.GetRoutes() {
+				if rt.GetName() == "embeddings" {
+					return rt.GetRoute().GetCluster()
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// TestProgression runs the control plane's progression on a store two gateways filled: the
+// judgement before serving rolls a regressed candidate back (its first snapshot has weight 0),
+// an unrelated file change keeps the weight, a new candidate starts from the file's weight and
+// is promoted a step per interval up to max, every change pushed to the nodes and recorded in
+// the store as the verdict's action; a file change of the route's weights resets them.
+func TestProgression(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
+	st, err := shadow.OpenStore(context.Background(), storePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	t0 := time.Now().Add(-time.Hour)
+	storePairs(t, st, "cand", 40, 60*time.Millisecond, t0)
+	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
+
+	t.Run("serve", func(t *testing.T) {
+		s, addr := startServerWith(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath})
+		fileV1 := s.Status().FileVersion
+		c := dialDelta(t, addr, "replica-1")
+		first := c.await("the first route configuration", func(r *discoverygrpc.DeltaDiscoveryResponse) bool {
+			return r.GetTypeUrl() == resource.RouteType
+		})
+		if w := chatWeight(t, first, "cand"); w != 0 {
+			t.Fatalf("the first snapshot sends the candidate at weight %d: want it rolled back (0) before serving", w)
+		}
+		status := s.Status()
+		rp := status.Progression.Routes
+		if !status.Progression.On || len(rp) != 1 || rp[0].Weight != 0 || rp[0].FileWeight != 10 || !rp[0].Overridden ||
+			rp[0].Verdict == nil || rp[0].Verdict.Decision != shadow.Rollback || len(rp[0].Steps) != 1 ||
+			rp[0].Steps[0].From != 10 || rp[0].Steps[0].To != 0 || status.Version != fileV1+"+p1" || rp[0].Candidate != "cand" {
+			t.Fatalf("after the first judgement: %+v", status)
+		}
+		if src := rp[0].Verdict.Sources; len(src) != 2 || src[0].Instance != "gw-a" || src[1].Instance != "gw-b" {
+			t.Errorf("sources %+v: want both gateways'", src)
+		}
+		waitVerdict(t, st, "weight cand 10→0", "cand")
+
+		// Another route changes: the control plane's weight stays.
+		writeFile(t, file, progressConfig(t, "cand", 10, 30, "main"))
+		if changed, err := s.Reload(context.Background()); !changed || err != nil {
+			t.Fatalf("Reload: %v, %v", changed, err)
+		}
+		if st := s.Status(); st.Progression.Routes[0].Weight != 0 || st.FileVersion == fileV1 || !strings.HasSuffix(st.Version, "+p1") {
+			t.Fatalf("after an unrelated change: %+v", st)
+		}
+		c.await("the new route config, the candidate still at 0", func(r *discoverygrpc.DeltaDiscoveryResponse) bool {
+			return chatWeight(t, r, "cand") == 0 && embeddingsCluster(t, r) == "main"
+		})
+
+		// A new candidate, at weight 0 in the file: promoted one step an interval, up to 30.
+		storePairs(t, st, "next", 40, 0, t0)
+		writeFile(t, file, progressConfig(t, "next", 0, 30, "main"))
+		if changed, err := s.Reload(context.Background()); !changed || err != nil {
+			t.Fatalf("Reload: %v, %v", changed, err)
+		}
+		if st := s.Status(); st.Progression.Routes[0].Overridden || st.Version != st.FileVersion {
+			t.Fatalf("a new candidate kept the old weights: %+v", st)
+		}
+		now := time.Now()
+		for i, want := range []struct {
+			after  time.Duration
+			weight int
+		}{{0, 10}, {30 * time.Second, 10}, {time.Minute, 20}, {2 * time.Minute, 30}, {3 * time.Minute, 30}} {
+			changed := s.judgeAll(context.Background(), now.Add(want.after))
+			got := s.Status().Progression.Routes[0]
+			if got.Weight != want.weight {
+				t.Fatalf("judgement %d (+%v): weight %d, want %d (verdict %+v, error %q)", i, want.after, got.Weight, want.weight, got.Verdict, got.Error)
+			}
+			if changed > 0 {
+				// Awaited at once: a node that has not ACKed one push gets only the newest.
+				c.await(fmt.Sprintf("weight %d pushed", want.weight), func(r *discoverygrpc.DeltaDiscoveryResponse) bool {
+					return chatWeight(t, r, "next") == want.weight
+				})
+			}
+		}
+		steps := s.Status().Progression.Routes[0].Steps
+		var got []string
+		for _, sp := range steps {
+			got = append(got, sp.Action)
+		}
+		if want := []string{"weight cand 10→0", "weight next 0→10", "weight next 10→20", "weight next 20→30"}; !slices.Equal(got, want) {
+			t.Errorf("steps %q, want %q", got, want)
+		}
+		waitVerdict(t, st, "weight next 20→30", "next")
+
+		// The file changes the route's weights: they are the file's again.
+		writeFile(t, file, progressConfig(t, "next", 5, 30, "main"))
+		if changed, err := s.Reload(context.Background()); !changed || err != nil {
+			t.Fatalf("Reload: %v, %v", changed, err)
+		}
+		c.await("the file's weight", func(r *discoverygrpc.DeltaDiscoveryResponse) bool { return chatWeight(t, r, "next") == 5 })
+		if st := s.Status(); st.Progression.Routes[0].Overridden || st.Progression.Routes[0].SteppedAt != nil {
+			t.Errorf("after the file changed the weights: %+v", st.Progression.Routes[0])
+		}
+	})
+}
+
+// waitVerdict waits (bounded) for the control plane's newest verdict of route chat in the
+// store to have action, for candidate.
+func waitVerdict(t *testing.T, st *shadow.Store, action, candidate string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		vs, err := st.Verdicts(context.Background(), "chat", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			if v.Instance == Instance && v.Action == action {
+				if v.CandidateID != candidate || v.Pairs != 40 || len(v.Verdict.Evidence) == 0 {
+					t.Fatalf("verdict %+v: want candidate %s over 40 pairs, with its evidence", v, candidate)
+				}
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no verdict with action %q in the store: %+v", action, vs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestProgressionStoreDown: a store that cannot be opened leaves the file's weights and says
+// why in the status.
+func TestProgressionStoreDown(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
+	t.Run("serve", func(t *testing.T) {
+		// A folder that does not exist: the store never opens.
+		s, _ := startServerWith(t, Options{ConfigPath: file, WatchInterval: time.Hour, StoreWait: 50 * time.Millisecond,
+			ShadowStore: filepath.Join(t.TempDir(), "missing", "shadow.db")})
+		st := s.Status()
+		rp := st.Progression.Routes
+		if !st.Progression.On || len(rp) != 1 || rp[0].Weight != 10 || rp[0].Overridden || !strings.Contains(rp[0].Error, "not open") ||
+			st.Version != st.FileVersion {
+			t.Fatalf("status %+v", st)
+		}
+	})
+}
+
+func startServerWith(t *testing.T, opts Options) (*Server, string) {
+	t.Helper()
+	s, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return")
+		}
+	})
+	// Serve judges once before it serves: wait for it, as a replica's stream would.
+	deadline := time.Now().Add(10 * time.Second)
+	for opts.ShadowStore != "" && s.writer.Load() == nil || !serving(ln.Addr().String()) {
+		if time.Now().After(deadline) {
+			t.Fatal("Serve did not start within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for opts.ShadowStore != "" && len(s.Status().Progression.Routes) > 0 && s.Status().Progression.Routes[0].Verdict == nil &&
+		s.Status().Progression.Routes[0].Error == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("no first judgement within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return s, ln.Addr().String()
+}
+
+// serving reports whether addr accepts a connection.
+func serving(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+func TestAdminHandler(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
+	s, err := New(Options{ConfigPath: file, ShadowStore: "postgres://sluice:hunter2@db.internal/shadow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, listen, token, sent string
+		want                      int
+	}{
+		{"loopback, no token set", "127.0.0.1:18001", "", "", http.StatusOK},
+		{"token set, none sent", "127.0.0.1:18001", "s3cret", "", http.StatusUnauthorized},
+		{"token set, wrong one sent", "127.0.0.1:18001", "s3cret", "nope", http.StatusUnauthorized},
+		{"token set and sent", "0.0.0.0:18001", "s3cret", "s3cret", http.StatusOK},
+		{"not loopback, no token set", "0.0.0.0:18001", "", "", http.StatusUnauthorized},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(config.DefaultAdminTokenEnv, tc.token)
+			req := httptest.NewRequest(http.MethodGet, "/admin/xds", nil)
+			if tc.sent != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.sent)
+			}
+			rec := httptest.NewRecorder()
+			s.AdminHandler(tc.listen).ServeHTTP(rec, req)
+			if rec.Code != tc.want {
+				t.Fatalf("status %d, want %d: %s", rec.Code, tc.want, rec.Body)
+			}
+			if tc.want != http.StatusOK {
+				return
+			}
+			var st Status
+			if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(rec.Body.String(), "hunter2") || !st.Progression.On || st.Progression.Instance != Instance ||
+				len(st.Progression.Routes) != 1 || st.Progression.Routes[0].Weight != 10 || st.Version == "" {
+				t.Errorf("status %s", rec.Body)
+			}
+		})
+	}
+	rec := httptest.NewRecorder()
+	s.AdminHandler("127.0.0.1:1").ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	if rec.Code != http.StatusOK {
+		t.Errorf("/healthz: %d", rec.Code)
+	}
+}
+
+// The split a progression names is found as the router names splits.
+func TestSplitIndex(t *testing.T) {
+	splits := []route.Split{{Cluster: "main", Weight: 90}, {Name: "canary", Cluster: "cand", Weight: 10}, {Cluster: "other"}}
+	for name, want := range map[string]int{"main": 0, "canary": 1, "cand": -1, "other": 2, "none": -1} {
+		if got := splitIndex(splits, name); got != want {
+			t.Errorf("splitIndex(%q) = %d, want %d", name, got, want)
+		}
+	}
+}
+
+// BenchmarkJudge: one judgement of the control plane over a store of 2,000 pairs of the
+// route's candidate (window 500, as docs/fleet.md quotes): reading the fleet's window
+// (Store.FleetInput), the verdict (shadow.Evaluate) and, the weight unchanged, no push.
+func BenchmarkJudge(b *testing.B) {
+	for _, name := range []string{"file", "postgres"} {
+		b.Run(name, func(b *testing.B) {
+			dir := b.TempDir()
+			where := filepath.Join(dir, "bench.db")
+			if name == "postgres" {
+				where = pgtest.Start(b).CreateDB(b, "bench")
+			}
+			st, err := shadow.OpenStore(context.Background(), where)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			storePairs(b, st, "cand", 2000, 0, time.Now().Add(-time.Hour))
+			file := filepath.Join(dir, "sluice.yaml")
+			writeFile(b, file, strings.Replace(progressConfig(b, "cand", 30, 30, "embed"), "window: 100", "window: 500", 1))
+			s, err := New(Options{ConfigPath: file, ShadowStore: where})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			w := s.startProgression(ctx)
+			defer func() {
+				cancel()
+				_ = w.Close(context.Background())
+			}()
+			if rp := s.Status().Progression.Routes[0]; rp.Verdict == nil || rp.Verdict.Pairs != 2000 {
+				b.Fatalf("first judgement: %+v", rp)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				if n := s.judgeAll(ctx, time.Now()); n != 0 {
+					b.Fatalf("%d weights changed at max", n)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPublish: one weight change pushed: the config with the new weight validated, its
+// resources built and set as the fleet's snapshot.
+func BenchmarkPublish(b *testing.B) {
+	file := filepath.Join(b.TempDir(), "sluice.yaml")
+	writeFile(b, file, progressConfig(b, "cand", 10, 30, "embed"))
+	s, err := New(Options{ConfigPath: file})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		i++
+		s.mu.Lock()
+		eff := withWeights(s.file, map[string]int{"chat": i % 30})
+		err := eff.Validate()
+		if err == nil {
+			err = s.publish(ctx, eff, snapshotVersion(s.fileVersion, map[string]int{"chat": 0}, i))
+		}
+		s.mu.Unlock()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestReloadRefusesAnInvalidOverlay: a file change that keeps the route's splits but makes
+// the control plane's weight unservable (every split at 0 with no cluster left) serves the
+// file's weights.
+func TestReloadRefusesAnInvalidOverlay(t *testing.T) {
+	const withCluster = `clusters:
+  - {name: main, endpoints: [{url: "http://10.0.0.5:8000"}]}
+  - {name: cand, endpoints: [{url: "http://10.0.0.6:8000"}]}
+routes:
+  - name: chat
+    CLUSTER
+    splits: [{cluster: cand, weight: 10}]
+    mirror: {cluster: cand, fraction: 1, progression: {step: 10, interval: 1m, max: 30}}
+`
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	writeFile(t, file, strings.Replace(withCluster, "CLUSTER", "cluster: main", 1))
+	s, err := New(Options{ConfigPath: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As a rollback would have left it.
+	s.mu.Lock()
+	s.overlay = map[string]int{"chat": 0}
+	err = s.publish(context.Background(), withWeights(s.file, s.overlay), snapshotVersion(s.fileVersion, s.overlay, 1))
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, file, strings.Replace(withCluster, "CLUSTER", "model: m", 1))
+	if changed, err := s.Reload(context.Background()); !changed || err != nil {
+		t.Fatalf("Reload: %v, %v", changed, err)
+	}
+	st := s.Status()
+	if rp := st.Progression.Routes[0]; rp.Weight != 10 || rp.Overridden || st.Version != st.FileVersion {
+		t.Errorf("after the file dropped the route's cluster: %+v", st)
+	}
+}
