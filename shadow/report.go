@@ -76,6 +76,7 @@ type RouteInput struct {
 // Report bounds.
 const (
 	ReportHistory  = 20 // verdicts listed per route
+	ReportSteps    = 20 // weight steps listed per route
 	ReportProblems = 20 // recent pair problems listed per route
 	ReportBuckets  = 12 // histogram buckets per latency metric
 	// reportProblemScan is how many recent pairs are searched for problems.
@@ -137,7 +138,10 @@ type RouteReport struct {
 	Sources []Source `json:"sources,omitempty"`
 	Action  string   `json:"action,omitempty"`
 	// History holds the latest stored verdicts, newest first.
-	History       []HistoryEntry    `json:"history"`
+	History []HistoryEntry `json:"history"`
+	// Steps holds the latest stored verdicts that changed a weight (the rollout's steps, by a
+	// gateway's progression or the control plane's), newest first.
+	Steps         []HistoryEntry    `json:"steps"`
 	Samples       Samples           `json:"samples"`
 	Mirror        MirrorStats       `json:"mirror"`
 	Distributions []Distribution    `json:"distributions"`
@@ -283,7 +287,7 @@ func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, 
 	cfg := in.Config.WithDefaults()
 	rr := RouteReport{Route: in.Route, PrimaryCluster: in.PrimaryCluster, BaselineCluster: in.BaselineCluster,
 		CandidateCluster: in.CandidateCluster, Mirror: in.Mirror, Action: in.Action, VerdictSource: SourceNone,
-		History: []HistoryEntry{}, Problems: []PairProblem{}, Scope: in.Scope, Sources: in.Sources}
+		History: []HistoryEntry{}, Steps: []HistoryEntry{}, Problems: []PairProblem{}, Scope: in.Scope, Sources: in.Sources}
 	for _, sd := range in.Mirror.Sides {
 		if rr.BaselineCluster == "" && sd.Side == "baseline" {
 			rr.BaselineCluster = sd.Cluster
@@ -309,6 +313,14 @@ func buildRoute(ctx context.Context, store *Store, in RouteInput) (RouteReport, 
 		}
 		for _, v := range vs {
 			rr.History = append(rr.History, HistoryEntry{Time: v.Time.UTC(), Decision: v.Verdict.Decision,
+				Reason: v.Verdict.Reason, Pairs: v.Pairs, Replicas: v.Replicas, Action: v.Action, Instance: v.Instance})
+		}
+		steps, err := store.Steps(ctx, in.Route, ReportSteps)
+		if err != nil {
+			return rr, err
+		}
+		for _, v := range steps {
+			rr.Steps = append(rr.Steps, HistoryEntry{Time: v.Time.UTC(), Decision: v.Verdict.Decision,
 				Reason: v.Verdict.Reason, Pairs: v.Pairs, Replicas: v.Replicas, Action: v.Action, Instance: v.Instance})
 		}
 		if in.Verdict == nil && len(vs) > 0 {
@@ -864,6 +876,19 @@ func writeRouteText(ew *errWriter, rr RouteReport) {
 		}
 		_ = tw.Flush()
 	}
+	if len(rr.Steps) > 0 {
+		ew.printf("\n  weight steps (newest first):\n")
+		tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+		for _, h := range rr.Steps {
+			by := ""
+			if h.Instance != "" {
+				by = " by " + oneLineText(h.Instance, 64)
+			}
+			fmt.Fprintf(tw, "    %s%s\t%s\t%d pairs\t%s\t\n", h.Time.Format(time.RFC3339), by, termSafe(string(h.Decision)), h.Pairs,
+				oneLineText(h.Action, MaxNameLen))
+		}
+		_ = tw.Flush()
+	}
 	if len(rr.Problems) > 0 {
 		ew.printf("\n  recent problems:\n")
 		tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
@@ -1171,6 +1196,12 @@ Loads: {{.Loads}}.{{end}}</p>
 <h3>Verdict history</h3>
 <table><tr><th>time</th><th>decision</th><th>pairs</th><th>replicas</th><th>action</th><th>reason</th></tr>
 {{range .History}}<tr><td>{{ts .Time}}{{with .Instance}} <span class="muted">by {{.}}</span>{{end}}</td><td class="{{low .Decision}}">{{up .Decision}}</td><td class="num">{{.Pairs}}</td><td class="num">{{.Replicas}}</td><td>{{.Action}}</td><td>{{.Reason}}</td></tr>
+{{end}}</table>
+{{end}}
+{{if .Steps}}
+<h3>Weight steps</h3>
+<table><tr><th>time</th><th>decision</th><th>pairs</th><th>action</th></tr>
+{{range .Steps}}<tr><td>{{ts .Time}}{{with .Instance}} <span class="muted">by {{.}}</span>{{end}}</td><td class="{{low .Decision}}">{{up .Decision}}</td><td class="num">{{.Pairs}}</td><td>{{.Action}}</td></tr>
 {{end}}</table>
 {{end}}
 {{if .Problems}}

@@ -355,3 +355,55 @@ func TestReportTriple(t *testing.T) {
 		})
 	}
 }
+
+// TestReportKeepsSteps: a verdict that changed a weight stays in the report's steps however
+// many verdicts followed it (the history shows the newest ReportHistory only); recommendations
+// and refusals are not steps.
+func TestReportKeepsSteps(t *testing.T) {
+	ctx := context.Background()
+	store, err := OpenStore(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	t0 := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	add := func(i int, action string) {
+		t.Helper()
+		v := VerdictRecord{Route: "r", Time: t0.Add(time.Duration(i) * time.Second), Verdict: Verdict{Decision: Promote, Reason: "ok"},
+			Pairs: 40, Action: action, Instance: "sluice xds"}
+		if err := store.AddVerdict(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(0, "weight cand 0→10")
+	add(1, "recommend cand weight 10→20 (the control plane owns the weights)")
+	for i := 2; i < 2+3*ReportHistory; i++ {
+		add(i, "")
+	}
+	add(100, "weight cand 10→20")
+	rep, err := BuildReport(ctx, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Routes) != 1 {
+		t.Fatalf("routes %+v", rep.Routes)
+	}
+	rr := rep.Routes[0]
+	if len(rr.History) != ReportHistory || len(rr.Steps) != 2 || rr.Steps[0].Action != "weight cand 10→20" || rr.Steps[1].Action != "weight cand 0→10" {
+		t.Fatalf("history %d, steps %+v", len(rr.History), rr.Steps)
+	}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "weight steps (newest first)") || !strings.Contains(b.String(), "weight cand 0→10") {
+		t.Errorf("text report lacks the steps:\n%s", b.String())
+	}
+	var h strings.Builder
+	if err := rep.WriteHTML(&h); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(h.String(), "Weight steps") || !strings.Contains(h.String(), "weight cand 0→10") {
+		t.Error("HTML report lacks the steps")
+	}
+}

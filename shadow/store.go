@@ -918,6 +918,31 @@ func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]Verdic
 	return newest(ctx, s.c(), "verdicts", "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance", route, limit, scanVerdict)
 }
 
+// Steps returns up to limit verdicts of route that changed a weight (their action starts
+// "weight ": a gateway's own progression, or the control plane's), newest first: the
+// rollout's steps, kept in view however many verdicts followed them.
+func (s *Store) Steps(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
+	q := "SELECT id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance FROM verdicts" +
+		" WHERE route = ? AND action LIKE 'weight %' ORDER BY ts_ns DESC, id DESC LIMIT ?"
+	rows, err := s.c().query(ctx, q, route, clampLimit(limit))
+	if err != nil {
+		return nil, fmt.Errorf("shadow store: steps: %w", err)
+	}
+	defer rows.Close()
+	var out []VerdictRecord
+	for rows.Next() {
+		v, err := scanVerdict(rows)
+		if err != nil {
+			return nil, fmt.Errorf("shadow store: steps: %w", err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("shadow store: steps: %w", err)
+	}
+	return out, nil
+}
+
 func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
 	var (
 		v        VerdictRecord
