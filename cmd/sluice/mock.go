@@ -35,6 +35,8 @@ func runMock(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.Float64Var(&c.TimeScale, "time-scale", 1, "multiplies every simulated duration (0.1 = ten times faster)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed for error injection and jitter")
 	fs.Float64Var(&c.LogprobTemperature, "logprob-temperature", 1, "flattens the simulated logprobs (above 1: a model less sure of itself)")
+	fs.IntVar(&c.LeakKVPerRequest, "kv-leak-per-request", 0, "KV-cache tokens each finished sequence leaves in use, never freed (a leaking server, for the gateway's state checks)")
+	fs.Float64Var(&c.Slowdown, "slowdown", 1, "multiplies every engine step's time (a server that stalls: throughput falls while requests queue; needs some simulated latency)")
 	fs.BoolVar(&c.NoHealth, "no-health", false, "answer GET /health with 404, like servers that have none (Ollama, some proxies); /v1/models keeps working")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice mock [--listen ADDR] [--ttft D] [--itl D] [--max-running N] [--kv-tokens N] [--model NAME] [flags]
