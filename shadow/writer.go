@@ -288,13 +288,15 @@ func (w *Writer) run() {
 		}
 		switch {
 		case err == nil:
-			w.pop(op)
+			// Counted before the pop: Flush returns once the queue is empty, and what it
+			// waited for is then in Stats.
 			w.written.Add(1)
+			w.pop(op)
 			w.up()
 			backoff = w.cfg.MinBackoff
 		case st != nil && !transientError(err):
-			w.pop(op) // the store answered and refused it: trying again would not help
 			w.failed.Add(1)
+			w.pop(op) // the store answered and refused it: trying again would not help
 			w.noteErr(err)
 			w.up()
 		default:
