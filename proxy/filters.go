@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 
 	"github.com/sluicegw/sluice/policy"
@@ -34,24 +35,20 @@ func (ex *exchange) watchStream() []policy.StreamWatcher {
 	return ws
 }
 
-// endWatch ends the watchers and keeps what they flagged (each class once) for the Outcome.
+// endWatch ends the watchers and keeps what they flagged for the Outcome.
 func (ex *exchange) endWatch(ws []policy.StreamWatcher) {
 	for _, w := range ws {
-		for _, c := range w.End() {
-			if c != "" && !containsClass(ex.flags, c) {
-				ex.flags = append(ex.flags, c)
-			}
-		}
+		ex.flag(w.End())
 	}
 }
 
-func containsClass(cs []policy.Class, c policy.Class) bool {
-	for _, x := range cs {
-		if x == c {
-			return true
+// flag keeps classes a filter raised for the Outcome, each once.
+func (ex *exchange) flag(cs []policy.Class) {
+	for _, c := range cs {
+		if c != "" && !slices.Contains(ex.flags, c) {
+			ex.flags = append(ex.flags, c)
 		}
 	}
-	return false
 }
 
 // watchBody shows a whole successful answer to the route's body filters: the first
@@ -60,11 +57,7 @@ func containsClass(cs []policy.Class, c policy.Class) bool {
 func (ex *exchange) watchBody(p *pending) {
 	for _, f := range ex.bodies {
 		rep, flags := f.WatchBody(ex.preq, p.body)
-		for _, c := range flags {
-			if c != "" && !containsClass(ex.flags, c) {
-				ex.flags = append(ex.flags, c)
-			}
-		}
+		ex.flag(flags)
 		if rep != nil && p.orig == nil {
 			p.orig, p.body = p.body, rep
 		}
@@ -76,22 +69,21 @@ func (ex *exchange) watchBody(p *pending) {
 }
 
 // watchEvent shows one event to the watchers, in order. Each sees the event as the model
-// server sent it; the first replacement is what the client gets. The first cut ends the
-// stream (the watchers after it do not see the event).
-func watchEvent(ws []policy.StreamWatcher, ev openai.Event) ([]byte, *policy.StreamCut) {
+// server sent it; the first replacement is what the client gets (replaced). The first cut
+// ends the stream (the watchers after it do not see the event).
+func watchEvent(ws []policy.StreamWatcher, ev openai.Event) (raw []byte, replaced bool, cut *policy.StreamCut) {
 	se := policy.StreamEvent{Raw: ev.Raw, Name: ev.Name, Data: ev.Data}
-	raw := ev.Raw
-	replaced := false
+	raw = ev.Raw
 	for _, w := range ws {
 		a := w.Event(se)
 		if a.Cut != nil {
-			return nil, a.Cut
+			return nil, false, a.Cut
 		}
 		if a.Replace != nil && !replaced {
 			raw, replaced = a.Replace, true
 		}
 	}
-	return raw, nil
+	return raw, replaced, nil
 }
 
 // cutStream ends a stream on a filter's word: the upstream request is cancelled, the client

@@ -313,16 +313,17 @@ func TestWithStreamIDReplaced(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		raw      []byte
+		replaced bool
 		want     string
 		contains bool
 	}{
-		{"not replaced", ev.Raw, `"id":"first"`, true},
-		{"one data event", []byte("data: {\"id\":\"new\",\"x\":1}\n\n"), "data: {\"id\":\"first\",\"x\":1}\n\n", false},
-		{"two events", []byte("data: {\"id\":\"new\"}\n\ndata: {\"id\":\"new\"}\n\n"), "data: {\"id\":\"new\"}\n\ndata: {\"id\":\"new\"}\n\n", false},
-		{"a comment", []byte(": note\n\n"), ": note\n\n", false},
-		{"dropped", []byte{}, "", false},
+		{"not replaced", ev.Raw, false, `"id":"first"`, true},
+		{"one data event", []byte("data: {\"id\":\"new\",\"x\":1}\n\n"), true, "data: {\"id\":\"first\",\"x\":1}\n\n", false},
+		{"two events", []byte("data: {\"id\":\"new\"}\n\ndata: {\"id\":\"new\"}\n\n"), true, "data: {\"id\":\"new\"}\n\ndata: {\"id\":\"new\"}\n\n", false},
+		{"a comment", []byte(": note\n\n"), true, ": note\n\n", false},
+		{"dropped", []byte{}, true, "", false},
 	} {
-		got := string(withStreamID(tc.raw, ev, id))
+		got := string(withStreamID(tc.raw, tc.replaced, ev, id))
 		if tc.contains && !strings.Contains(got, tc.want) || !tc.contains && got != tc.want {
 			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
 		}

@@ -181,16 +181,16 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			ex.mirror.capture.add(ev.Raw)
 		}
 		if !skip {
-			raw := ev.Raw
+			raw, replaced := ev.Raw, false
 			if len(watch) > 0 {
 				var cut *policy.StreamCut
-				if raw, cut = watchEvent(watch, ev); cut != nil {
+				if raw, replaced, cut = watchEvent(watch, ev); cut != nil {
 					h.cutStream(cancel, ex, cut, ep, res)
 					return
 				}
 			}
 			if resumed {
-				raw = withStreamID(raw, ev, ex.streamID)
+				raw = withStreamID(raw, replaced, ev, ex.streamID)
 			}
 			if len(raw) == 0 {
 				// dropped by a stream filter
@@ -331,15 +331,15 @@ func chunkID(data []byte) json.RawMessage {
 }
 
 // withStreamID returns a resumed stream's event raw (ev's, or what a stream filter put in its
-// place) carrying the id of the stream the client already has, so that the client sees one
+// place: replaced) carrying the id of the stream the client already has, so that the client sees one
 // completion (clients such as openai-go's stream accumulator drop chunks whose id differs
 // from the first one's).
-func withStreamID(raw []byte, ev openai.Event, id json.RawMessage) []byte {
+func withStreamID(raw []byte, replaced bool, ev openai.Event, id json.RawMessage) []byte {
 	if id == nil || len(raw) == 0 || ev.Name != nil || ev.IsDone() || len(ev.Data) == 0 || ev.Data[0] != '{' {
 		return raw
 	}
 	data := ev.Data
-	if &raw[0] != &ev.Raw[0] || len(raw) != len(ev.Raw) {
+	if replaced {
 		// A filter's replacement: one plain data event, or left as it is.
 		d, plain := bytes.CutPrefix(raw, []byte("data: "))
 		d, whole := bytes.CutSuffix(d, []byte("\n\n"))

@@ -8,7 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -121,7 +121,11 @@ func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ctx := req.Context()
-	host := hostPort(req.URL.Host)
+	port := req.URL.Port()
+	if port == "" {
+		port = "80"
+	}
+	host := net.JoinHostPort(req.URL.Hostname(), port)
 	for try := 0; ; try++ {
 		c, err := t.get(ctx, host)
 		if err != nil {
@@ -380,7 +384,7 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	switch {
 	case body != nil && req.ContentLength > 0:
 		w.WriteString("Content-Length: ")
-		w.WriteString(itoa(req.ContentLength))
+		w.WriteString(strconv.FormatInt(req.ContentLength, 10))
 		w.WriteString("\r\n")
 	case body != nil || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch:
 		if body != nil && req.ContentLength < 0 {
@@ -415,34 +419,6 @@ func validHeaders(h http.Header) error {
 		}
 	}
 	return nil
-}
-
-func itoa(n int64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			break
-		}
-	}
-	return string(b[i:])
-}
-
-// hostPort is host with port 80 when it has none.
-func hostPort(host string) string {
-	if _, _, err := net.SplitHostPort(host); err == nil {
-		return host
-	}
-	if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
-		return host + ":80"
-	}
-	if strings.Count(host, ":") > 1 {
-		return "[" + host + "]:80"
-	}
-	return host + ":80"
 }
 
 func isReset(err error) bool {
