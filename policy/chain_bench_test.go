@@ -9,8 +9,8 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/guard"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/policy/ratelimit"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // BenchmarkGuardAndRateLimit measures what the admission chain of a route adds to one

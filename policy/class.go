@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // Class is why a request or one of its attempts failed: the one vocabulary that labels metrics

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 func TestClassTable(t *testing.T) {

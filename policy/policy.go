@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy/clock"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // Request is what a policy sees of one client request: the parsed body plus its identity.

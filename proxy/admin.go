@@ -8,8 +8,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 

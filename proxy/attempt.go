@@ -13,9 +13,9 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )

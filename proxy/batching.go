@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // batched sends a request through the route's batcher: merged with others of the same kind

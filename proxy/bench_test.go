@@ -34,8 +34,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // benchWords are the content of the rendered token chunks.

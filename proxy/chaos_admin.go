@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicegw/sluice/policy/fault"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // chaosRoutes adds the fault-injection admin API (behind the admin token):

@@ -18,7 +18,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // exchange is one client request's bookkeeping on its way through the handler.

@@ -7,7 +7,7 @@ import (
 	"strconv"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 )
 

@@ -5,8 +5,8 @@ import (
 	"sync"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // Stored Responses answers live on the model server that made them (vLLM keeps them in its

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // The models Sluice can serve come from its clusters: each asks its endpoints for their

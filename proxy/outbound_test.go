@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // newTestServer builds a server (not started: no listener, no health checks) for one endpoint.

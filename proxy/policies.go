@@ -13,10 +13,10 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/batch"
 	_ "github.com/sluicegw/sluice/policy/confidence" // registers type confidence
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	_ "github.com/sluicegw/sluice/policy/runaway" // registers type runaway
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // admissionOrder is the order of the admission chain by policy type (DESIGN.md: rate limits,

@@ -12,9 +12,9 @@ import (
 
 	"github.com/sluicegw/sluice/policy/concurrency"
 	"github.com/sluicegw/sluice/policy/guard"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	"github.com/sluicegw/sluice/policy/route"
-	"github.com/sluicegw/sluice/proxy/openai"
 )
 
 // plugin is one of the serving generation's policies of type T, with its route and name.

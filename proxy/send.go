@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/sluicegw/sluice/policy/fault"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // The send step (8 in the picture) is one way out to a model server, for the request's

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/shadow"
 )
 

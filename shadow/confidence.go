@@ -5,11 +5,11 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // Confidence as a verdict metric. An answer that carries logprobs says how sure the model was
-// of each token (proxy/openai's logprobs.go: the entropy of its top-k alternatives,
+// of each token (policy/openai's logprobs.go: the entropy of its top-k alternatives,
 // renormalised, and the margin between the two most probable). A candidate less sure of
 // itself than its reference on the same requests is a regression signal even when its text
 // reads alike: it is closer to saying something else. Each answer is summarised by its mean

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/test/sim"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 var weatherTool = Tool{Name: "get_weather", Parameters: json.RawMessage(`{
@@ -538,7 +538,7 @@ func TestRequestFromBodyResponses(t *testing.T) {
 // streams end as the gateway's Tap says they do, and the finish mappings agree.
 func TestResponsesAgreeWithTheTap(t *testing.T) {
 	for _, name := range []string{"responses_text.sse", "responses_tool_call.sse", "responses_incomplete.sse", "responses_error.sse"} {
-		b, err := os.ReadFile(filepath.Join("..", "proxy", "openai", "testdata", name))
+		b, err := os.ReadFile(filepath.Join("..", "policy", "openai", "testdata", name))
 		if err != nil {
 			t.Fatal(err)
 		}

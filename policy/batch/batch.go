@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // Send sends one request body upstream (the route's plan: pick, attempt, retry) and returns

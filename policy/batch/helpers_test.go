@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/test/sim"
 )
 

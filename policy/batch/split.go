@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // parsed is one caller's request as the batcher needs it: its other fields, its inputs as a

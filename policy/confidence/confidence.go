@@ -1,7 +1,7 @@
 // Package confidence is the confidence-signal policy (type "confidence"): a
 // policy.StreamFilter that reads the log probabilities of streamed answers on their way to
 // the client and measures, per token, how sure the model was: the entropy of its top-k
-// alternatives and the margin between its two most probable ones (see proxy/openai's
+// alternatives and the margin between its two most probable ones (see policy/openai's
 // logprobs.go for the estimators and their bounds). It keeps their distributions per route
 // and model in fixed buckets, and marks low-confidence spans: runs of at least span_tokens
 // tokens in a row that are unsure (entropy above high_entropy or margin below low_margin),
@@ -47,7 +47,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 func init() { policy.Register("confidence", factory) }

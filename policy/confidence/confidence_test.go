@@ -21,7 +21,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/clocktest"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/test/sim"
 )
 
@@ -402,7 +402,7 @@ func TestResponsesAsked(t *testing.T) {
 	if w == nil {
 		t.Fatal("not watched")
 	}
-	b, err := os.ReadFile("../../proxy/openai/testdata/logprobs_responses.sse")
+	b, err := os.ReadFile("../openai/testdata/logprobs_responses.sse")
 	if err != nil {
 		t.Fatal(err)
 	}

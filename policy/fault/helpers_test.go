@@ -16,7 +16,7 @@ import (
 	"github.com/sluicegw/sluice/policy/clocktest"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

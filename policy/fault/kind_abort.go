@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // KindAbort answers with an HTTP error (status, Retry-After), before forwarding: upstream in

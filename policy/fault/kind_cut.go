@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"syscall"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // KindCut ends the stream in place of event N+1 (after_events, default 0: before the

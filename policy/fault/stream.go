@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // ErrInjected is wrapped by every error a fault makes up (a cut's reset).

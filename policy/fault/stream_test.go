@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // contentOf returns a chunk's choices[0].delta.content ("" if none).

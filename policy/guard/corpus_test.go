@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // The corpora (testdata/ordinary, testdata/explosions): one request body a file, its kind in

@@ -86,7 +86,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // The failure classes of the guard's rejections (their statuses are in policy's class table).

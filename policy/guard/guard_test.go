@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // nested returns message content whose depth is d (a JSON array text nested d-1 deep).

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // chatN is chat with n choices.

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // TestLimitsHoldOverAMinute drives a greedy client (it sends until rejected, every 10ms of

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // BenchmarkDetector is the detector's cost per token of ordinary text (the corpus' prose and

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // FuzzDetector: whatever the text and the thresholds, the detector does not panic, keeps the

@@ -58,7 +58,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 func init() { policy.Register("runaway", factory) }

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluicegw/sluice/policy"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // Streams as vLLM writes them: one piece of text (about a token) an event.

@@ -21,10 +21,10 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/policy/ratelimit"
 	"github.com/sluicegw/sluice/proxy"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/openai"
 	"github.com/sluicegw/sluice/test/sim"
 )
 

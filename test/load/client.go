@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // Message is a chat message.
@@ -261,7 +261,7 @@ func (e *engine) readBody(ctx, rctx context.Context, body io.Reader, res *Result
 // readStream reads an SSE answer into a, event by event, aborting it (cancel) where the call
 // asks; a failure is recorded in res.
 func (e *engine) readStream(ctx, rctx context.Context, cancel context.CancelFunc, c *call, body io.Reader, res *Result, a *answer) {
-	// The project's SSE reader (proxy/openai): events split on blank lines, several
+	// The project's SSE reader (policy/openai): events split on blank lines, several
 	// data: lines joined, comments and CR line endings as the spec has them.
 	rd := openai.NewReader(body, maxEvent)
 	tokens := 0

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // Responses are encoded by hand into pooled buffers: the fast path serves thousands of

@@ -11,7 +11,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	sopenai "github.com/sluicegw/sluice/proxy/openai"
+	sopenai "github.com/sluicegw/sluice/policy/openai"
 )
 
 type wireTop struct {

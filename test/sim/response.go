@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // appendID appends a fresh response id: prefix + 16 hex digits.

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // The OpenAI Responses API (POST /v1/responses) as vLLM serves it. A request is turned into

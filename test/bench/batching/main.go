@@ -28,7 +28,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/batch"
-	"github.com/sluicegw/sluice/proxy/openai"
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/test/sim"
 )
 
