@@ -252,3 +252,20 @@ func (f *Failure) OpenAI() *openai.Error {
 func FromOpenAI(e *openai.Error) *Failure {
 	return &Failure{Class: Class(e.Code), Status: e.Status, Type: e.Type, Code: e.Code, Message: e.Message, Param: e.Param, RetryAfter: e.RetryAfter, Err: e}
 }
+
+// UpstreamClass is the class of a model server's answer by its status ("" for a success,
+// below 400): a 5xx or a 429 may be retried (another endpoint, another cluster; see
+// Info().Retryable), any other 4xx is the request's own and goes back to the client. The one
+// place where an upstream status becomes a class: attempts, batched requests and the
+// shadow's copies all use it.
+func UpstreamClass(status int) Class {
+	switch {
+	case status >= 500:
+		return ClassUpstream5xx
+	case status == 429:
+		return ClassUpstream429
+	case status >= 400:
+		return ClassUpstream4xx
+	}
+	return ""
+}

@@ -86,3 +86,21 @@ func TestClassesDocumented(t *testing.T) {
 		}
 	}
 }
+
+func TestUpstreamClass(t *testing.T) {
+	for _, tt := range []struct {
+		status    int
+		class     Class
+		retryable bool
+	}{
+		{200, "", false}, {204, "", false}, {399, "", false},
+		{400, ClassUpstream4xx, false}, {404, ClassUpstream4xx, false}, {413, ClassUpstream4xx, false},
+		{429, ClassUpstream429, true},
+		{500, ClassUpstream5xx, true}, {503, ClassUpstream5xx, true}, {599, ClassUpstream5xx, true},
+	} {
+		c := UpstreamClass(tt.status)
+		if c != tt.class || (c != "" && c.Info().Retryable != tt.retryable) {
+			t.Errorf("UpstreamClass(%d) = %q (retryable %v); want %q, %v", tt.status, c, c != "" && c.Info().Retryable, tt.class, tt.retryable)
+		}
+	}
+}

@@ -105,29 +105,10 @@ func protocolFailure(err error) bool {
 	return !strings.Contains(err.Error(), "server closed idle connection")
 }
 
-// statusClass is the class of a model server's answer by its status ("" for a success, below
-// 400) and whether another attempt may follow it: a 5xx or a 429 may be retried (another
-// endpoint, another cluster), any other 4xx is the request's own and goes back to the client.
-// The one place where an upstream status becomes a class: attempts, batched requests and
-// the mirror's copies all use it.
-func statusClass(status int) (class policy.Class, retryable bool) {
-	switch {
-	case status >= 500:
-		class = policy.ClassUpstream5xx
-	case status == http.StatusTooManyRequests:
-		class = policy.ClassUpstream429
-	case status >= 400:
-		class = policy.ClassUpstream4xx
-	default:
-		return "", false
-	}
-	return class, class.Info().Retryable
-}
-
 // upstreamFailure is the failure of a model server's error answer (status 400–599), which the
 // client gets as the server sent it unless another attempt replaces it.
 func upstreamFailure(status int) *policy.Failure {
-	class, _ := statusClass(status)
+	class := policy.UpstreamClass(status)
 	f := policy.Fail(class, "the model server answered "+strconv.Itoa(status))
 	f.Status = status
 	return f

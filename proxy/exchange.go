@@ -19,6 +19,7 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
+	"github.com/sluicegw/sluice/shadow"
 )
 
 // exchange is one client request's bookkeeping on its way through the handler.
@@ -47,7 +48,7 @@ type exchange struct {
 	filters  []policy.StreamFilter // the route's stream filters
 	bodies   []policy.BodyFilter   // the route's body filters
 	flags    []policy.Class        // what the stream watchers flagged, for the Outcome
-	mirror   *mirrorJob            // the request's mirrored copy, nil when not mirrored
+	mirror   *shadow.Job           // the request's mirrored copy, nil when not mirrored
 	streamID []byte                // the first stream's chunk id (raw JSON), kept by the resumed one
 	home     string                // the endpoint holding the stored answer the request refers to ("": none)
 
@@ -286,9 +287,9 @@ func (ex *exchange) writePending(p *pending, res *result) {
 	_, _ = ex.w.Write(p.body)
 	if ex.mirror != nil {
 		if p.orig != nil {
-			ex.mirror.capture.add(p.orig) // the model server's answer is what is compared
+			ex.mirror.Capture(p.orig, false) // the model server's answer is what is compared
 		} else {
-			ex.mirror.capture.add(p.body)
+			ex.mirror.Capture(p.body, false)
 		}
 	}
 }

@@ -98,7 +98,7 @@ func (h *Handler) cutStream(cancel func(error), ex *exchange, cut *policy.Stream
 		}
 		ex.flush()
 		if ex.mirror != nil {
-			ex.mirror.capture.add(cut.Tail)
+			ex.mirror.Capture(cut.Tail, false)
 		}
 	}
 	res.tap.Done = true

@@ -159,7 +159,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	batched := bt != nil && bt.Batchable(req)
 	if !batched {
 		if mj := h.srv.shadow.offer(st, rt, preq, r, ex, plan); mj != nil {
-			defer mj.primaryDone(ex, &res) // after finish, on every path
+			defer mirrorDone(mj, ex, &res) // after finish, on every path
 		}
 	}
 

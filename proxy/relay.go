@@ -17,10 +17,6 @@ import (
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
-// maxBufferedBody bounds how much of a mirrored copy's non-streaming answer is kept for the
-// comparison.
-const maxBufferedBody = 32 << 20
-
 // answerBuffers bounds the bytes of non-streaming answers the gateway holds at once
 // (limits.max_buffered_total): an answer that does not get its room is streamed through as
 // it comes, and can no longer be retried.
@@ -177,8 +173,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			}
 		}
 		if ex.mirror != nil && !skip {
-			ex.mirror.capture.sse = true
-			ex.mirror.capture.add(ev.Raw)
+			ex.mirror.Capture(ev.Raw, true)
 		}
 		if !skip {
 			raw, replaced := ev.Raw, false
@@ -283,7 +278,7 @@ func (h *Handler) endFinishedStream(ex *exchange, tap *openai.Tap, ep *upstream.
 	}
 	ex.flush()
 	if ex.mirror != nil {
-		ex.mirror.capture.add(doneEvent)
+		ex.mirror.Capture(doneEvent, false)
 	}
 	tap.Done = true
 	tap.Events++
@@ -358,7 +353,7 @@ func withStreamID(raw []byte, replaced bool, ev openai.Event, id json.RawMessage
 	return append(out, "\n\n"...)
 }
 
-// relayBody relays a non-streaming answer. Answers up to maxBufferedBody are read whole before
+// relayBody relays a non-streaming answer. Answers up to limits.max_buffered_answer are read whole before
 // anything is sent, so a 5xx or a broken body can still be retried elsewhere.
 func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
 	wd.beat() // headers arrived: the TTFT phase is over for a non-streaming answer

@@ -104,7 +104,7 @@ func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, e
 	for _, mr := range s.shadow.list() {
 		m := mr.cfg.Load()
 		in := mr.input()
-		pairs, replicas := mr.acc.Counts()
+		pairs, replicas := mr.Accumulator().Counts()
 		var scope string
 		var sources []shadow.Source
 		if shared {
@@ -114,9 +114,9 @@ func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, e
 			}
 		}
 		ri := shadow.RouteInput{
-			Route: mr.name, CandidateCluster: m.Cluster, CandidateID: mr.identity, Input: &in, Pairs: pairs, Replicas: replicas,
+			Route: mr.Name(), CandidateCluster: m.Cluster, CandidateID: mr.Identity(), Input: &in, Pairs: pairs, Replicas: replicas,
 			Config: c.Shadow.Verdict, Window: c.Shadow.Window,
-			Mirror: mr.stats(m), PrimaryCluster: referenceCluster(st, mr.name, &config.Mirror{Cluster: m.Cluster}),
+			Mirror: mr.Stats(), PrimaryCluster: referenceCluster(st, mr.Name(), &config.Mirror{Cluster: m.Cluster}),
 			BaselineCluster: m.Baseline, Scope: scope, Sources: sources,
 		}
 		mr.mu.Lock()
@@ -146,22 +146,4 @@ func (s *Server) ShadowReport(ctx context.Context, judge bool) (shadow.Report, e
 	rep, err := shadow.BuildReport(ctx, nil, ins)
 	rep.Store = status
 	return rep, err
-}
-
-// stats are the route's mirror counters for the report.
-func (mr *mirrorRoute) stats(m *config.Mirror) shadow.MirrorStats {
-	ms := shadow.MirrorStats{Offered: mr.offered.Load(), Mirrored: mr.started.Load(), Dropped: mr.dropped.Load(),
-		Compared: mr.pairs.Load(), Incomplete: mr.incomplete.Load(),
-		Failed: mr.sides[sideCandidate].failed.Load(), Replicas: mr.replicas.Load()}
-	for i, side := range []struct{ name, cluster string }{
-		{mirrorCandidate, m.Cluster}, {mirrorBaseline, m.Baseline}, {mirrorReplica, "primary's"},
-	} {
-		c := &mr.sides[i]
-		if c.sent.Load() == 0 && (i != sideBaseline || m.Baseline == "") && i != sideCandidate {
-			continue
-		}
-		ms.Sides = append(ms.Sides, shadow.SideStats{Side: side.name, Cluster: side.cluster,
-			Sent: c.sent.Load(), Failed: c.failed.Load(), Compared: c.compared.Load()})
-	}
-	return ms
 }

@@ -49,7 +49,7 @@ func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
 		jd := sh.judgeInput(ctx, mr, c)
 		v, err := shadow.Evaluate(c.Shadow.Verdict, jd.in)
 		if err != nil {
-			sh.srv.log.Error("shadow verdict", "route", mr.name, "err", err)
+			sh.srv.log.Error("shadow verdict", "route", mr.Name(), "err", err)
 			continue
 		}
 		mr.basis.Store(&jd)
@@ -66,7 +66,7 @@ func (sh *shadowing) judgeAll(ctx context.Context, now time.Time) {
 		}
 		mr.mu.Unlock()
 		if action != "" {
-			sh.srv.log.Info("shadow progression", "route", mr.name, "decision", v.Decision, "action", action)
+			sh.srv.log.Info("shadow progression", "route", mr.Name(), "decision", v.Decision, "action", action)
 		}
 		sh.recordVerdict(ctx, mr, v, action, now, jd.pairs, jd.replicas)
 	}
@@ -92,7 +92,7 @@ type judgement struct {
 // (scope instance).
 func (sh *shadowing) judgeInput(ctx context.Context, mr *mirrorRoute, c *config.Config) judgement {
 	local := func(scope string) judgement {
-		pairs, replicas := mr.acc.Counts()
+		pairs, replicas := mr.Accumulator().Counts()
 		return judgement{in: mr.input(), pairs: pairs, replicas: replicas, scope: scope}
 	}
 	w := sh.writer.Load()
@@ -105,9 +105,9 @@ func (sh *shadowing) judgeInput(ctx context.Context, mr *mirrorRoute, c *config.
 	}
 	ctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
 	defer cancel()
-	f, err := st.FleetInput(ctx, mr.name, mr.identity, c.Shadow.Window, rateFreshness(c))
+	f, err := st.FleetInput(ctx, mr.Name(), mr.Identity(), c.Shadow.Window, rateFreshness(c))
 	if err != nil {
-		sh.srv.log.Warn("shadow fleet pairs not read; judging this gateway's own", "route", mr.name, "err", err)
+		sh.srv.log.Warn("shadow fleet pairs not read; judging this gateway's own", "route", mr.Name(), "err", err)
 		return local(shadow.ScopeInstance)
 	}
 	return judgement{in: f.Input, pairs: f.Pairs, replicas: f.Replicas, scope: shadow.ScopeFleet, sources: f.Sources}
@@ -133,7 +133,7 @@ func (sh *shadowing) recordRates(mr *mirrorRoute, c *config.Config, now time.Tim
 	mr.mu.Lock()
 	ref, cand := mr.rate.refRate, mr.rate.candRate
 	mr.mu.Unlock()
-	w.AddRate(shadow.RateRecord{Route: mr.name, CandidateID: mr.identity, Instance: instance(c), Time: now,
+	w.AddRate(shadow.RateRecord{Route: mr.Name(), CandidateID: mr.Identity(), Instance: instance(c), Time: now,
 		ReferenceRate: ref, CandidateRate: cand})
 }
 
@@ -166,7 +166,7 @@ func referenceCluster(st *state, route string, m *config.Mirror) string {
 // reports whether they were measured now.
 func (mr *mirrorRoute) measureRates(st *state, now time.Time) bool {
 	m := mr.cfg.Load()
-	ref := referenceCluster(st, mr.name, m)
+	ref := referenceCluster(st, mr.Name(), m)
 	rc, cc := st.clusters[ref], st.clusters[m.Cluster]
 	if rc == nil || cc == nil || len(rc.Endpoints()) == 0 || len(cc.Endpoints()) == 0 {
 		return false
@@ -194,7 +194,7 @@ func (mr *mirrorRoute) measureRates(st *state, now time.Time) bool {
 
 // input is the route's comparison so far with the measured request rates.
 func (mr *mirrorRoute) input() shadow.Input {
-	in := mr.acc.Input()
+	in := mr.Accumulator().Input()
 	mr.mu.Lock()
 	in.Load.ReferenceRate, in.Load.CandidateRate = mr.rate.refRate, mr.rate.candRate
 	mr.mu.Unlock()
@@ -211,7 +211,7 @@ func (mr *mirrorRoute) progress(sh *shadowing, st *state, v shadow.Verdict, now 
 		return ""
 	}
 	p := m.Progression
-	rtr := st.router(mr.name)
+	rtr := st.router(mr.Name())
 	if rtr == nil {
 		return ""
 	}
@@ -250,20 +250,20 @@ func (mr *mirrorRoute) progress(sh *shadowing, st *state, v shadow.Verdict, now 
 func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 	type counter struct {
 		inst metric.Int64ObservableCounter
-		get  func(*mirrorRoute) int64
+		get  func(shadow.MirrorCounters) int64
 	}
 	defs := []struct {
 		name, desc string
-		get        func(*mirrorRoute) int64
+		get        func(shadow.MirrorCounters) int64
 	}{
-		{"sluice.shadow.offered", "Requests sampled for mirroring", func(mr *mirrorRoute) int64 { return mr.offered.Load() }},
-		{"sluice.shadow.dropped", "Mirrored requests dropped because a mirror queue was full (before sending, or before comparing)", func(mr *mirrorRoute) int64 { return mr.dropped.Load() }},
-		{"sluice.shadow.truncated", "Compared pairs whose answer text was cut at capture_bytes (text, schema and tool checks skipped)", func(mr *mirrorRoute) int64 { return mr.trunc.Load() }},
-		{"sluice.shadow.pairs", "Mirrored pairs (or triples, with a baseline) compared", func(mr *mirrorRoute) int64 { return mr.pairs.Load() }},
-		{"sluice.shadow.candidate_failures", "Mirrored copies the candidate failed", func(mr *mirrorRoute) int64 { return mr.sides[sideCandidate].failed.Load() }},
-		{"sluice.shadow.baseline_failures", "Mirrored copies the baseline failed", func(mr *mirrorRoute) int64 { return mr.sides[sideBaseline].failed.Load() }},
-		{"sluice.shadow.incomplete", "Mirrored copies not compared (the primary did not finish, or the mirror time-out passed)", func(mr *mirrorRoute) int64 { return mr.incomplete.Load() }},
-		{"sluice.shadow.replicas", "Replica answers taken into the noise floor", func(mr *mirrorRoute) int64 { return mr.replicas.Load() }},
+		{"sluice.shadow.offered", "Requests sampled for mirroring", func(c shadow.MirrorCounters) int64 { return c.Offered }},
+		{"sluice.shadow.dropped", "Mirrored requests dropped because a mirror queue was full (before sending, or before comparing)", func(c shadow.MirrorCounters) int64 { return c.Dropped }},
+		{"sluice.shadow.truncated", "Compared pairs whose answer text was cut at capture_bytes (text, schema and tool checks skipped)", func(c shadow.MirrorCounters) int64 { return c.Truncated }},
+		{"sluice.shadow.pairs", "Mirrored pairs (or triples, with a baseline) compared", func(c shadow.MirrorCounters) int64 { return c.Pairs }},
+		{"sluice.shadow.candidate_failures", "Mirrored copies the candidate failed", func(c shadow.MirrorCounters) int64 { return c.CandidateFailures }},
+		{"sluice.shadow.baseline_failures", "Mirrored copies the baseline failed", func(c shadow.MirrorCounters) int64 { return c.BaselineFailures }},
+		{"sluice.shadow.incomplete", "Mirrored copies not compared (the primary did not finish, or the mirror time-out passed)", func(c shadow.MirrorCounters) int64 { return c.Incomplete }},
+		{"sluice.shadow.replicas", "Replica answers taken into the noise floor", func(c shadow.MirrorCounters) int64 { return c.Replicas }},
 	}
 	var cs []counter
 	var insts []metric.Observable
@@ -298,12 +298,13 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 			store.observe(o, w.Stats())
 		}
 		for _, mr := range s.shadow.list() {
-			at := metric.WithAttributes(attribute.String("route", mr.name))
+			at := metric.WithAttributes(attribute.String("route", mr.Name()))
+			mc := mr.Counters()
 			for _, c := range cs {
-				o.ObserveInt64(c.inst, c.get(mr), at)
+				o.ObserveInt64(c.inst, c.get(mc), at)
 			}
-			o.ObserveInt64(queued, mr.lane.Load().send.Counts().Queued, at)
-			o.ObserveInt64(captured, mr.captured.Load(), at)
+			o.ObserveInt64(queued, mc.Queued, at)
+			o.ObserveInt64(captured, mc.Captured, at)
 			mr.mu.Lock()
 			v := mr.verdict
 			mr.mu.Unlock()
@@ -313,7 +314,7 @@ func (s *Server) shadowMetrics(m metric.Meter) (metric.Registration, error) {
 					if v.Decision == d {
 						val = 1
 					}
-					o.ObserveInt64(verdict, val, metric.WithAttributes(attribute.String("route", mr.name), attribute.String("decision", string(d))))
+					o.ObserveInt64(verdict, val, metric.WithAttributes(attribute.String("route", mr.Name()), attribute.String("decision", string(d))))
 				}
 			}
 		}

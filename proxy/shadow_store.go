@@ -92,33 +92,31 @@ func (sh *shadowing) restore(mr *mirrorRoute, window int) {
 	}
 	ctx, cancel := context.WithTimeout(sh.srv.baseCtx, 10*time.Second)
 	defer cancel()
-	if err := st.Restore(ctx, mr.name, mr.identity, mr.acc, window); err != nil {
-		sh.srv.log.Warn("shadow pairs not restored", "route", mr.name, "err", err)
+	if err := st.Restore(ctx, mr.Name(), mr.Identity(), mr.Accumulator(), window); err != nil {
+		sh.srv.log.Warn("shadow pairs not restored", "route", mr.Name(), "err", err)
 	}
 }
 
 // recordPair keeps one compared pair: written at once to a store of this gateway's own,
 // handed to the writer of a shared one (which never makes the comparer wait).
-func (sh *shadowing) recordPair(ctx context.Context, j *mirrorJob, rec shadow.PairRecord) {
-	rec.RequestID = j.preq.ID
-	rec.Endpoint = j.endpoint
+func (sh *shadowing) recordPair(ctx context.Context, j *shadow.Job, rec shadow.PairRecord) {
 	if w := sh.writer.Load(); w != nil {
 		rec.Instance = instance(sh.srv.Config())
-		w.AddPairSession(rec, j.preq.Session) // dropped (counted) when the writer is full
+		w.AddPairSession(rec, j.Request.Session) // dropped (counted) when the writer is full
 		return
 	}
 	st := sh.store.Load()
 	if st == nil {
 		return
 	}
-	if j.preq.Session != "" {
-		rec.Session = st.SessionHash(j.preq.Session)
+	if j.Request.Session != "" {
+		rec.Session = st.SessionHash(j.Request.Session)
 	}
 	// The pair is complete: keep it even when the mirror is being stopped.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := st.AddPair(ctx, rec); err != nil {
-		sh.srv.log.Warn("shadow pair not stored", "route", j.route.name, "err", err)
+		sh.srv.log.Warn("shadow pair not stored", "route", rec.Route, "err", err)
 	}
 }
 
@@ -135,11 +133,11 @@ func retention(c *config.Config) int {
 // recordVerdict keeps a verdict (with the pairs behind it) and prunes the route's pairs.
 func (sh *shadowing) recordVerdict(ctx context.Context, mr *mirrorRoute, v shadow.Verdict, action string, now time.Time, pairs, replicas int64) {
 	c := sh.srv.Config()
-	rec := shadow.VerdictRecord{Route: mr.name, CandidateID: mr.identity, Time: now, Verdict: v, Pairs: pairs, Replicas: replicas, Action: action}
+	rec := shadow.VerdictRecord{Route: mr.Name(), CandidateID: mr.Identity(), Time: now, Verdict: v, Pairs: pairs, Replicas: replicas, Action: action}
 	if w := sh.writer.Load(); w != nil {
 		rec.Instance = instance(c)
 		w.AddVerdict(rec)
-		w.Prune(mr.name, retention(c))
+		w.Prune(mr.Name(), retention(c))
 		return
 	}
 	st := sh.store.Load()
@@ -149,11 +147,11 @@ func (sh *shadowing) recordVerdict(ctx context.Context, mr *mirrorRoute, v shado
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := st.AddVerdict(ctx, rec); err != nil {
-		sh.srv.log.Warn("shadow verdict not stored", "route", mr.name, "err", err)
+		sh.srv.log.Warn("shadow verdict not stored", "route", mr.Name(), "err", err)
 		return
 	}
-	if err := st.Prune(ctx, mr.name, retention(c)); err != nil {
-		sh.srv.log.Warn("shadow pairs not pruned", "route", mr.name, "err", err)
+	if err := st.Prune(ctx, mr.Name(), retention(c)); err != nil {
+		sh.srv.log.Warn("shadow pairs not pruned", "route", mr.Name(), "err", err)
 	}
 }
 

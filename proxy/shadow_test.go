@@ -25,7 +25,7 @@ routes:
     mirror: {cluster: cand, fraction: 1, progression: {step: 10, interval: 1m, max: 25}}
 `)
 	cfg := srv.Config()
-	mr := &mirrorRoute{name: "chat"}
+	mr := &mirrorRoute{Mirror: shadow.NewMirror("chat", mirrorSettings(cfg, cfg.Routes[0].Mirror), 10, nil, nil)}
 	mr.cfg.Store(cfg.Routes[0].Mirror)
 	st := srv.state.Load()
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -125,12 +125,12 @@ routes:
 			mr := st.mirrors[rt.Name]
 			switch {
 			case rt.Mirror == nil && mr != nil:
-				return fmt.Errorf("route %s mirrors nothing, but its generation has a mirror of %s", rt.Name, mr.identity)
+				return fmt.Errorf("route %s mirrors nothing, but its generation has a mirror of %s", rt.Name, mr.Identity())
 			case rt.Mirror != nil && mr == nil:
 				return fmt.Errorf("route %s mirrors to %s, but its generation has no mirror", rt.Name, rt.Mirror.Cluster)
-			case rt.Mirror != nil && (mr.identity != identityOf(rt.Mirror) || mr.lane.Load() == nil || mr.retired.Load()):
-				return fmt.Errorf("route %s mirrors to %s, but its generation's mirror is of %s (retired %v)",
-					rt.Name, rt.Mirror.Cluster, mr.identity, mr.retired.Load())
+			case rt.Mirror != nil && (mr.Identity() != mirrorSettings(st.snap.Config, rt.Mirror).Identity() || !mr.Running()):
+				return fmt.Errorf("route %s mirrors to %s, but its generation's mirror is of %s (running %v)",
+					rt.Name, rt.Mirror.Cluster, mr.Identity(), mr.Running())
 			}
 		}
 		return nil

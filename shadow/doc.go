@@ -40,6 +40,13 @@
 //     goroutine-safe.
 //   - mirror.go: [Sampled] (which sessions are mirrored) and [Queue], the
 //     bounded, never-blocking queue of mirror jobs with workers on demand.
+//   - runtime.go, capture.go: a route's mirroring runtime, [Mirror]: the
+//     gateway offers it sampled requests ([Mirror.Samples], [Mirror.Offer]),
+//     hands it the primary's answer ([Job.Capture], [Job.PrimaryDone]); its
+//     workers send the copies through the gateway's [Sender] and read them
+//     ([Job.ReadAnswer]), whoever finishes last hands the triple to the
+//     comparison, and a [Recorder] keeps the pair. Captures are bounded per
+//     answer and per route (capture_total).
 //   - store.go, export.go, report.go: the [Store] of triples and verdicts
 //     (SQLite, embedded), the redacted JSONL export, and the [Report] (JSON,
 //     HTML, text).
@@ -52,6 +59,8 @@
 //     ever making it wait: it holds what the database cannot take yet, up
 //     to a bound, and counts what it drops.
 //
-// What does not exist here: sending the copies and capturing answers (the
-// gateway's proxy/mirror.go) and weight progression.
+// What does not exist here: the outbound request of a copy (the pick, the
+// model rewrite, chaos faults: the gateway's Sender, proxy/mirror.go), the
+// periodic verdicts and the weight progression (the gateway's, or under xDS
+// the control plane's).
 package shadow
