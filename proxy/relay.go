@@ -85,6 +85,23 @@ func responsesPreamble(name []byte) bool {
 	}
 }
 
+// firstEvent reads up to a stream's first event. Comments and blank lines before the first
+// event with data (keep-alives of a server still queueing the request) are not the first
+// byte: they neither end the TTFT phase nor commit the answer. They are held (bounded) and
+// sent ahead of the first event. So is a Responses stream's preamble (response.created,
+// response.in_progress, the first …added events), which a server sends before it has run
+// the request at all: a failure up to the first token can still move to the next candidate.
+func firstEvent(rd *openai.Reader) (ev openai.Event, held []byte, err error) {
+	ev, err = rd.Next()
+	for err == nil && (ev.Data == nil || (responsesPreamble(ev.Name) && wellFormed(ev) && len(held)+len(ev.Raw) <= maxHeldPreamble)) {
+		if len(held)+len(ev.Raw) <= maxHeldBeforeFirstEvent || ev.Data != nil {
+			held = append(held, ev.Raw...)
+		}
+		ev, err = rd.Next()
+	}
+	return ev, held, err
+}
+
 // relayStream relays an SSE answer event by event, flushing as soon as no further event is
 // already buffered (so each event reaches the client the moment it arrived). The first event is read
 // before anything is sent to the client, so a failure up to then can still be retried. After
@@ -103,20 +120,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	tap := &res.tap
 
 	t0 := time.Now()
-	ev, err := rd.Next()
-	// Comments and blank lines before the first event with data (keep-alives of a server
-	// still queueing the request) are not the first byte: they neither end the TTFT phase
-	// nor commit the answer. They are held (bounded) and sent ahead of the first event. So is
-	// a Responses stream's preamble (response.created, response.in_progress, the first
-	// …added events), which a server sends before it has run the request at all: a failure
-	// up to the first token can still move to the next candidate.
-	var held []byte
-	for err == nil && (ev.Data == nil || (responsesPreamble(ev.Name) && wellFormed(ev) && len(held)+len(ev.Raw) <= maxHeldPreamble)) {
-		if len(held)+len(ev.Raw) <= maxHeldBeforeFirstEvent || ev.Data != nil {
-			held = append(held, ev.Raw...)
-		}
-		ev, err = rd.Next()
-	}
+	ev, held, err := firstEvent(rd)
 	t1 := time.Now()
 	res.wait += t1.Sub(t0)
 	if err == nil && !wellFormed(ev) {
@@ -217,6 +221,15 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		}
 		wd.beat()
 	}
+	h.endStream(ctx, ex, err, ep, res)
+}
+
+// endStream ends an attempt's stream the relay stopped reading with err (io.EOF at its
+// end): a complete stream is a success; a stream whose every choice finished gets the
+// [DONE] it lost; anything else is a failure in the stream, which the forward loop resumes
+// elsewhere or sends in-band.
+func (h *Handler) endStream(ctx context.Context, ex *exchange, err error, ep *upstream.Endpoint, res *result) {
+	tap := &res.tap
 	if tap.Done && !errors.Is(err, errUpstreamStreamError) { // response.failed is an end, not a success
 		ep.Report(true)
 		return
