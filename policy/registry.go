@@ -40,7 +40,8 @@ func (e Env) Named() Named { return Named{e.Name} }
 // Plugin is a built policy. What it does is discovered, not declared: the contracts it
 // implements (Admitter, Observer) and the small interfaces the gateway looks for
 // (PrioritySetter, LoadAware, ClusterUser, io.Closer; the send step's batcher, the admin
-// API's views), as grpc-go's balancers and GAIE's plugins are.
+// API's Viewer and Resetter, the MetricsReporter), as grpc-go's balancers and GAIE's plugins
+// are.
 type Plugin interface {
 	TypedName() TypedName
 }
@@ -81,11 +82,19 @@ type Viewer interface {
 	AdminView() any
 }
 
+// Resetter is a plugin that holds state per tenant an operator may drop from the admin API
+// (the guard's tenant breakers: POST /admin/breakers/reset). ResetTenant drops the tenant's
+// ("": every tenant's) and returns how many entries it dropped.
+type Resetter interface {
+	ResetTenant(tenant string) int
+}
+
 // MetricsReporter is a plugin that exports metrics of its own. ReportMetrics is called at
-// each scrape and emits the plugin's current values; the gateway adds the plugin's route
-// (and type and name) as labels. Names are Prometheus names (sluice_<type>_…, counters
+// each scrape and emits the plugin's current values; the gateway adds the plugin's route and
+// name as the labels route and policy. Names are Prometheus names (sluice_<type>_…, counters
 // ending in _total); label values must be bounded by the config (tenants, the route's
-// models), never taken from a request as they are. It must not block.
+// models), never taken from a request as they are. It must not block. The package
+// metricstest checks a reporter against this contract.
 type MetricsReporter interface {
 	ReportMetrics(emit func(Sample))
 }

@@ -35,6 +35,7 @@ func contractsOf(p policy.Plugin) []string {
 	_, b := p.(batcher)
 	_, v := p.(policy.Viewer)
 	_, m := p.(policy.MetricsReporter)
+	_, r := p.(policy.Resetter)
 	_, c := p.(io.Closer)
 	add(a, "admitter")
 	add(o, "observer")
@@ -43,6 +44,7 @@ func contractsOf(p policy.Plugin) []string {
 	add(b, "batcher")
 	add(v, "admin_view")
 	add(m, "metrics")
+	add(r, "tenant_reset")
 	add(c, "closer")
 	return out
 }

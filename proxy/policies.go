@@ -12,9 +12,11 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/batch"
-	_ "github.com/sluicegw/sluice/policy/confidence" // registers type confidence
+	_ "github.com/sluicegw/sluice/policy/concurrency" // registers type concurrency
+	_ "github.com/sluicegw/sluice/policy/confidence"  // registers type confidence
+	_ "github.com/sluicegw/sluice/policy/guard"       // registers type guard
 	"github.com/sluicegw/sluice/policy/openai"
-	"github.com/sluicegw/sluice/policy/ratelimit"
+	"github.com/sluicegw/sluice/policy/ratelimit" // registers type ratelimit; the tenants' keyring
 	_ "github.com/sluicegw/sluice/policy/runaway" // registers type runaway
 	"github.com/sluicegw/sluice/proxy/config"
 )

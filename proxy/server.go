@@ -78,7 +78,6 @@ type Server struct {
 	chaosReg      metric.Registration
 	shadowReg     metric.Registration
 	connReg       metric.Registration
-	waits         *waitCollector
 	plugins       pluginCollector // the metrics policies report themselves
 
 	// Load signals: one scraper of the endpoints' metrics URLs (re-pointed at every reload)
@@ -200,8 +199,8 @@ func New(opts Options) (*Server, error) {
 	s.start(st)
 	s.state.Store(st)
 	s.tel.SetConfigInfo(opts.Config.Version)
-	if s.metricsReg, err = s.policyMetrics(s.tel.Meter()); err != nil {
-		return nil, fmt.Errorf("policy metrics: %w", err)
+	if s.metricsReg, err = s.routeMetrics(s.tel.Meter()); err != nil {
+		return nil, fmt.Errorf("route metrics: %w", err)
 	}
 	if s.signalsReg, err = s.signalMetrics(s.tel.Meter()); err != nil {
 		return nil, fmt.Errorf("signal metrics: %w", err)
@@ -214,10 +213,6 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.connReg, err = s.connectionMetrics(s.tel.Meter()); err != nil {
 		return nil, fmt.Errorf("connection metrics: %w", err)
-	}
-	s.waits = newWaitCollector(s)
-	if err := s.tel.Registry().Register(s.waits); err != nil {
-		return nil, fmt.Errorf("concurrency wait metrics: %w", err)
 	}
 	s.plugins = pluginCollector{s}
 	if err := s.tel.Registry().Register(s.plugins); err != nil {
@@ -756,7 +751,6 @@ func (s *Server) shutdown(ctx context.Context) error {
 	_ = s.chaosReg.Unregister()
 	_ = s.shadowReg.Unregister()
 	_ = s.connReg.Unregister()
-	s.tel.Registry().Unregister(s.waits)
 	s.tel.Registry().Unregister(s.plugins)
 	_ = s.scraper.Close()
 	if s.devices != nil {

@@ -3,6 +3,8 @@
 // and queues the rest by priority and deadline. It is registered as policy type "concurrency";
 // one instance belongs to one route (its key is the route), and learns from the Outcome that the
 // gateway hands to Decision.Done (it is not an Observer: Done settles each admission once).
+// It offers the gateway its Snapshot as its admin view (policy.Viewer) and its limit, queue,
+// rejections and waits as metrics (policy.MetricsReporter, view.go).
 //
 // # Controller (Gradient2 / Envoy adaptive-concurrency style)
 //

@@ -345,7 +345,7 @@ func (l *Limiter) Stats() Stats {
 	return s
 }
 
-// Snapshot is the controller's state, for /admin/concurrency.
+// Snapshot is the controller's state: the limiter's admin view (GET /admin/concurrency).
 type Snapshot struct {
 	Route            string          `json:"route"`
 	Adaptive         bool            `json:"adaptive"`

@@ -151,12 +151,12 @@ func TestBreakerResetAndBound(t *testing.T) {
 	if len(snap.Breakers) != 3 || breakerOf(g, "a").State != "open" || breakerOf(g, "b").State != "open" || breakerOf(g, "e").Tenant != "e" {
 		t.Fatalf("after eviction: %+v", snap.Breakers)
 	}
-	if n := g.Reset("a"); n != 1 {
+	if n := g.ResetTenant("a"); n != 1 {
 		t.Fatalf("Reset(a) dropped %d", n)
 	}
 	admitOK(t, g, chat(t, "a", 0, "hi"), ok200)
 	wantReject(t, admit(t, g, chat(t, "b", 0, "hi")), 503, CodeBreakerOpen)
-	if n := g.Reset(""); n != 3 {
+	if n := g.ResetTenant(""); n != 3 {
 		t.Fatalf("Reset(all) dropped %d", n)
 	}
 	admitOK(t, g, chat(t, "b", 0, "hi"), ok200)

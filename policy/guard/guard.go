@@ -2,6 +2,8 @@
 // rejects requests whose size or shape would starve everyone else on the model server,
 // isolates the tenants that send them with per-(route, tenant) circuit breakers, and degrades
 // a route in stages when explosions or load pile up. It is registered as policy type "guard".
+// It offers the gateway its breakers and level as its admin view (policy.Viewer), its counters
+// as metrics (policy.MetricsReporter, view.go) and a tenant's breaker reset (policy.Resetter).
 //
 // Signals, checked in Admit on the parsed request, cheapest first; a value above its limit
 // fails (at the limit passes):
@@ -684,7 +686,7 @@ type Stats struct {
 	Runaways     uint64                  // admitted requests whose answer fell into a loop (cut or flagged by the runaway policy)
 }
 
-// Stats returns the counters (the gateway exports them as metrics).
+// Stats returns the counters (ReportMetrics exports them).
 func (g *Guard) Stats() Stats {
 	s := Stats{
 		Admitted: g.admitted.Load(), Rerouted: g.rerouted.Load(), Capped: g.capped.Load(),
@@ -697,7 +699,7 @@ func (g *Guard) Stats() Stats {
 	return s
 }
 
-// BreakerInfo describes one breaker, for /admin/breakers.
+// BreakerInfo describes one breaker, for the admin view (GET /admin/breakers).
 type BreakerInfo struct {
 	Route      string        `json:"route"`
 	Tenant     string        `json:"tenant"`
@@ -711,7 +713,7 @@ type BreakerInfo struct {
 	RetryAfter time.Duration `json:"retry_after,omitzero"` // while open: until probes are let through
 }
 
-// Snapshot is the guard's state, for /admin/breakers.
+// Snapshot is the guard's state: its admin view (GET /admin/breakers lists every guard's).
 type Snapshot struct {
 	Route    string        `json:"route"`
 	Level    int           `json:"level"`
@@ -741,9 +743,10 @@ func (g *Guard) Snapshot() Snapshot {
 	return s
 }
 
-// Reset drops the breakers of tenant ("" : every tenant); the tenant's next request starts
-// with a closed breaker. It returns how many were dropped.
-func (g *Guard) Reset(tenant string) int { return g.breakers.reset(tenant, tenant == "") }
+// ResetTenant drops the breakers of tenant ("" : every tenant); the tenant's next request
+// starts with a closed breaker. It returns how many were dropped (a policy.Resetter: POST
+// /admin/breakers/reset).
+func (g *Guard) ResetTenant(tenant string) int { return g.breakers.reset(tenant, tenant == "") }
 
 // String describes the guard for logs.
 func (g *Guard) String() string {

@@ -603,7 +603,7 @@ func TestConcurrentUse(t *testing.T) {
 	}
 	wg.Go(func() {
 		for range 20 {
-			g.Reset("t1")
+			g.ResetTenant("t1")
 			g.SetPriorities(map[string]int{"t1": 3})
 			time.Sleep(time.Millisecond)
 		}

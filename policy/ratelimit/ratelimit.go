@@ -1,6 +1,8 @@
 // Package ratelimit is Sluice's token-aware rate limit policy: requests per minute and tokens
 // per minute, per tenant, route or globally, on token buckets that may go into debt, plus an
-// optional Envoy-compatible global rate limit service shared by all replicas.
+// optional Envoy-compatible global rate limit service shared by all replicas. A Limiter offers
+// the gateway its counters and buckets as its admin view (policy.Viewer) and its counters as
+// metrics (policy.MetricsReporter, view.go).
 //
 // # Tenants
 //
