@@ -374,12 +374,12 @@ routes:
 		return string(b)
 	}
 	var view struct {
-		Policies []pluginEntry `json:"policies"`
+		Policies []policyJSON `json:"policies"`
 	}
 	if err := json.Unmarshal([]byte(get("/admin/policies")), &view); err != nil {
 		t.Fatal(err)
 	}
-	var mine *pluginEntry
+	var mine *policyJSON
 	for i, p := range view.Policies {
 		if p.Name == "mine" {
 			mine = &view.Policies[i]

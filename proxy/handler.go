@@ -18,6 +18,7 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
+	"github.com/sluicegw/sluice/proxy/admin"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 )
@@ -273,7 +274,7 @@ func (h *Handler) injectFaults(ctx context.Context, r *http.Request, ex *exchang
 func (h *Handler) faults(r *http.Request, st *state, rt *config.CompiledRoute, preq *policy.Request) (*fault.Injection, *policy.Failure) {
 	var hs []fault.Spec
 	if v := r.Header.Get(fault.Header); v != "" {
-		if !tokenIs(r.Header.Get(fault.HeaderToken), st.snap.Config.Admin.TokenEnv) && !h.srv.chaos.AllowsNetwork(net.ParseIP(preq.Client)) {
+		if !admin.TokenIs(r.Header.Get(fault.HeaderToken), st.snap.Config.Admin.TokenEnv) && !h.srv.chaos.AllowsNetwork(net.ParseIP(preq.Client)) {
 			return nil, policy.Fail(policy.ClassFaultNotAllowed,
 				fault.Header+" needs the admin token in "+fault.HeaderToken+" or a client from chaos.allowed_networks")
 		}

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"net/http"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -22,17 +20,6 @@ func upstreamFlags(f gpu.Flags) upstream.Flags {
 		u |= upstream.FlagStall
 	}
 	return u
-}
-
-// signalRoutes adds GET /admin/gpu: each endpoint's scraped load (queue, running, KV-cache
-// use, throughput counter, freshness, scrape errors), its state checks (flagged or not,
-// since when, how often, why) and this host's GPUs as NVML reports them.
-func (s *Server) signalRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /admin/gpu", s.authorized(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		defer cancel()
-		writeJSON(w, http.StatusOK, s.scraper.Snapshot(ctx))
-	}))
 }
 
 // signalMetrics exports the load signals at scrape time: the model servers' queue, running

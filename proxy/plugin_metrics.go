@@ -3,22 +3,11 @@ package proxy
 import (
 	"io"
 	"math"
-	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicegw/sluice/policy"
 )
-
-// pluginEntry is one policy of the serving generation as GET /admin/policies shows it: where
-// it serves, what it is, which contracts it implements, and its own view.
-type pluginEntry struct {
-	Route     string   `json:"route"`
-	Type      string   `json:"type"`
-	Name      string   `json:"name"`
-	Contracts []string `json:"contracts"`
-	View      any      `json:"view,omitempty"`
-}
 
 // contractsOf names what a plugin implements, as the gateway discovers it.
 func contractsOf(p policy.Plugin) []string {
@@ -47,25 +36,6 @@ func contractsOf(p policy.Plugin) []string {
 	add(r, "tenant_reset")
 	add(c, "closer")
 	return out
-}
-
-// pluginsView lists the serving generation's policies, route by route (?type=T: those of
-// type T).
-func (s *Server) pluginsView(w http.ResponseWriter, r *http.Request) {
-	st := s.state.Load()
-	typ := r.URL.Query().Get("type")
-	out := make([]pluginEntry, 0, len(st.policies))
-	for _, bp := range st.policies {
-		if typ != "" && bp.typ != typ {
-			continue
-		}
-		e := pluginEntry{Route: bp.route, Type: bp.typ, Name: bp.name, Contracts: contractsOf(bp.impl)}
-		if v, ok := bp.impl.(policy.Viewer); ok {
-			e.View = v.AdminView()
-		}
-		out = append(out, e)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"policies": out})
 }
 
 // pluginCollector exports the metrics of every policy that reports its own
