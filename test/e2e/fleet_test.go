@@ -27,26 +27,28 @@ import (
 
 // The fleet test: a fleet on loopback made of the real parts, each its own process where it
 // is one in production. PostgreSQL (test/pgtest) holds the shadow store the three replicas
-// share; `sluice xds` serves a file to three `sluice serve --bootstrap` replicas and runs the
+// share; Envoy's rate limit service on Redis (test/rlstest) holds the limits they share;
+// `sluice xds` serves a file to three `sluice serve --bootstrap` replicas and runs the
 // weight progression from the fleet's verdicts; simulators are the primary, the baseline (the
 // primary's version in a sandbox) and two candidates: one identical to the primary, one
-// twice as slow to the first token.
+// twice as slow to the first token, and one more behind the rate-limited routes.
 
 // fleetFile is the file `sluice xds` serves: route chat sends to main and to the candidate's
 // split (weight w), mirrors everything to the candidate and the baseline, and the candidate's
-// weight progresses by 10 a second up to 30. Verdicts every 250ms.
-func fleetFile(main, base, good, bad, cand string, w int) string {
+// weight progresses by 10 a second up to 30. Verdicts every 250ms. Before it, the shared rate
+// limit's tenants, cluster and two routes (fleetLimits).
+func fleetFile(main, base, good, bad, cand string, w int, lim *fleetLimits) string {
 	return fmt.Sprintf(`shadow: {interval: 250ms, window: 500, verdict: {min_samples: 20}}
-clusters:
-  - {name: main, endpoints: [{url: %s}], health_check: {disabled: true}}
-  - {name: base, endpoints: [{url: %s}], health_check: {disabled: true}}
-  - {name: good, endpoints: [{url: %s}], health_check: {disabled: true}}
-  - {name: bad, endpoints: [{url: %s}], health_check: {disabled: true}}
-routes:
-  - name: chat
+%[7]sclusters:
+  - {name: main, endpoints: [{url: %[1]s}], health_check: {disabled: true}}
+  - {name: base, endpoints: [{url: %[2]s}], health_check: {disabled: true}}
+  - {name: good, endpoints: [{url: %[3]s}], health_check: {disabled: true}}
+  - {name: bad, endpoints: [{url: %[4]s}], health_check: {disabled: true}}
+%[8]sroutes:
+%[9]s  - name: chat
     splits: [{cluster: main, weight: 100}, {cluster: %[5]s, weight: %[6]d}]
     mirror: {cluster: %[5]s, baseline: base, fraction: 1, max_concurrency: 8, progression: {step: 10, interval: 1s, max: 30}}
-`, main, base, good, bad, cand, w)
+`, main, base, good, bad, cand, w, lim.tenantsYAML(), lim.clusterYAML(), lim.routesYAML())
 }
 
 // fleetReplica is one `sluice serve --bootstrap` process of the fleet.
@@ -244,8 +246,14 @@ func rssKiB(pid int) int64 {
 	return 0
 }
 
-// TestFleet: three replicas driven by `sluice xds`, sharing a PostgreSQL shadow store.
+// TestFleet: three replicas driven by `sluice xds`, sharing a PostgreSQL shadow store and
+// Envoy's rate limit service. It skips without PostgreSQL or redis-server (fails instead with
+// SLUICE_REQUIRE_TOOLS=1).
 //
+//  0. The shared limit holds (fleetLimits.check): the three replicas together admit a
+//     budget of requests, then one of tokens (hits: tokens), ± 5% whichever replica each
+//     request hits; with the service stopped every request is served, each failed call
+//     counted.
 //  1. With no store, the control plane runs no progression: the replicas' fleet verdict on a
 //     regressed candidate is rollback, and each only recommends it — no replica changes a
 //     weight on its own under xDS.
@@ -255,15 +263,41 @@ func rssKiB(pid int) int64 {
 //     maximum, every step seen on every replica's admin API; meanwhile a replica is killed
 //     (SIGKILL) and nothing it had stored is lost; started again, it gets the control plane's
 //     weight at once, not the file's.
+//  4. The control plane restarts once more: it recovers the promoted weight from the steps it
+//     recorded in the store, and the replicas keep serving it (not the file's 0, promoted
+//     again from there).
 func TestFleet(t *testing.T) {
-	pg := pgtest.Start(t)
+	// PostgreSQL starts while the rate limit service and Redis do; it is stopped last.
+	pgBin := pgtest.Bin(t) // skips without PostgreSQL
+	var (
+		pg     *pgtest.Server
+		pgErr  error
+		pgDone = make(chan struct{})
+	)
+	go func() {
+		defer close(pgDone)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		pg, pgErr = pgtest.Launch(ctx, pgBin)
+	}()
+	t.Cleanup(func() {
+		<-pgDone
+		if pg != nil {
+			pg.Close()
+		}
+	})
+	lim := startFleetLimits(t) // skips without redis-server
+	<-pgDone
+	if pgErr != nil {
+		t.Fatalf("pgtest: %v", pgErr)
+	}
 	store := pg.CreateDB(t, "fleet")
 	same := sim.Config{TTFT: 40 * time.Millisecond, ITL: time.Millisecond, Seed: 1}
 	main, base, good := startSim(t, same), startSim(t, same), startSim(t, same)
 	bad := startSim(t, sim.Config{TTFT: 80 * time.Millisecond, ITL: time.Millisecond, Seed: 1})
 	dir := t.TempDir()
 	file := filepath.Join(dir, "sluice.yaml")
-	writeFileAtomic(t, file, fleetFile(main.URL, base.URL, good.URL, bad.URL, "bad", 10))
+	writeFileAtomic(t, file, fleetFile(main.URL, base.URL, good.URL, bad.URL, "bad", 10, lim))
 	cpAddr, cpAdmin := freePort(t), freePort(t)
 	hc := newHTTPClient(t)
 	hc.Timeout = 10 * time.Second
@@ -283,12 +317,11 @@ func TestFleet(t *testing.T) {
 		r.start(t, hc)
 		reps = append(reps, r)
 	}
-	// The shared rate limit (issue 19: Envoy's rate limit service on Redis, which
-	// policy/ratelimit's own test starts) is checked here, on these three replicas: give
-	// route chat a ratelimit policy naming the service in fleetFile, start the service and
-	// Redis next to PostgreSQL, and check the fleet admits the limit (600 a minute ± 5%)
-	// whichever replica a request hits, tokens included, and fails open, counted, when the
-	// service stops.
+	// 0. The shared rate limit, on routes of their own (chat, mirrored, is not limited).
+	limited := lim.check(t, hc, reps)
+	if t.Failed() {
+		t.FailNow()
+	}
 	started := time.Now()
 	load := startFleetLoad(t, hc, reps)
 	for _, r := range reps {
@@ -354,7 +387,7 @@ func TestFleet(t *testing.T) {
 	}
 
 	// 3. An identical candidate, promoted step by step.
-	writeFileAtomic(t, file, fleetFile(main.URL, base.URL, good.URL, bad.URL, "good", 0))
+	writeFileAtomic(t, file, fleetFile(main.URL, base.URL, good.URL, bad.URL, "good", 0, lim))
 	var (
 		mu       sync.Mutex
 		observed = map[string][]int{} // weights of good each replica showed, in order
@@ -410,6 +443,7 @@ func TestFleet(t *testing.T) {
 	promoted := time.Now()
 	st, _ = cpStatus(t, hc, cpAdmin)
 	rp, _ = chatProgress(st)
+	promotion := promoted.Sub(rp.Steps[1].Time)
 	var steps []string
 	for _, s := range rp.Steps {
 		steps = append(steps, s.Action)
@@ -451,6 +485,42 @@ func TestFleet(t *testing.T) {
 	if w := reps[2].weight(t, hc, "good"); w != 30 {
 		t.Errorf("replica-3 started again with the candidate at %d, want the control plane's 30", w)
 	}
+
+	// 4. The control plane restarts again: the promotion survives it, from the store's steps.
+	if err := cp.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := cp.wait(t, 10*time.Second); code != 0 {
+		t.Fatalf("sluice xds exited %d\n%s", code, cp.out.String())
+	}
+	cp = startSluice(t, "xds", "--config", file, "--listen", cpAddr, "--admin", cpAdmin, "--watch", "50ms", "--shadow-store", store)
+	waitOK(t, hc, "http://"+cpAdmin+"/healthz", cp)
+	restartedAgain := time.Now()
+	var reconnected time.Duration
+	eventually(t, 30*time.Second, "every replica connected to the control plane started again", func() bool {
+		for _, r := range reps {
+			if w := r.weight(t, hc, "good"); w != 30 && w != -1 {
+				t.Fatalf("%s serves the candidate at %d across the control plane's restart, want the 30 it had", r.node, w)
+			}
+		}
+		st, ok := cpStatus(t, hc, cpAdmin)
+		if ok && len(st.Nodes) == 3 && reconnected == 0 {
+			reconnected = time.Since(restartedAgain)
+		}
+		// The snapshot a replica gets when it connects is final (the control plane judges
+		// before it serves): a while longer, to see the replicas serve it.
+		return reconnected > 0 && time.Since(restartedAgain) > reconnected+300*time.Millisecond
+	})
+	st4, _ := cpStatus(t, hc, cpAdmin)
+	rp4, _ := chatProgress(st4)
+	var steps4 []string
+	for _, s := range rp4.Steps {
+		steps4 = append(steps4, s.Action)
+	}
+	if want := []string{"weight good 0→10", "weight good 10→20", "weight good 20→30"}; rp4.Weight != 30 || !rp4.Recovered ||
+		!rp4.Overridden || !slices.Equal(steps4, want) || !strings.HasSuffix(st4.Version, "+p1") {
+		t.Fatalf("control plane started again: %+v (steps %q), want good at 30 recovered, its steps %q", st4, steps4, want)
+	}
 	load.stop()
 
 	// What the run cost (docs/fleet.md quotes these figures).
@@ -465,8 +535,10 @@ func TestFleet(t *testing.T) {
 	run := time.Since(started)
 	t.Logf("fleet run %v: %d requests (%d failed, to the killed replica), %d pairs stored (%.1f a second, %d bytes each with their indexes), %d verdicts",
 		run.Round(time.Millisecond), load.sent.Load(), load.failed.Load(), total, float64(total)/run.Seconds(), pairBytes/max(total, 1), verdicts)
-	t.Logf("rollback seen on every replica %v after the control plane restarted; promotion 0→30 in %v",
-		rolledBack.Round(time.Millisecond), promoted.Sub(rp.Steps[1].Time).Round(time.Millisecond))
+	t.Logf("the shared rate limit's checks took %v; the rate limit service and Redis started in %v",
+		limited.Round(time.Millisecond), lim.started.Round(time.Millisecond))
+	t.Logf("rollback seen on every replica %v after the control plane restarted; promotion 0→30 in %v; the replicas reconnected %v after its second restart, at the recovered weight",
+		rolledBack.Round(time.Millisecond), promotion.Round(time.Millisecond), reconnected.Round(time.Millisecond))
 	t.Logf("the control plane's last fleet verdict took %.1f ms (%d pairs, %d sources)", 1000*rp.Verdict.Seconds, rp.Verdict.Pairs, len(rp.Verdict.Sources))
 	mu.Lock()
 	for _, s := range rp.Steps[1:] {

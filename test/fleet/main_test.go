@@ -1,7 +1,7 @@
 // Package fleet tests several Sluice replicas together against the real distributed parts
-// they share: Redis (Debian's redis-server) and Envoy's rate limit service
-// (github.com/envoyproxy/ratelimit, built from the Go module proxy by the module in rls/, so
-// that its dependencies stay out of Sluice's go.mod).
+// they share: Redis and Envoy's rate limit service, started by test/rlstest. The replicas
+// here are proxy.Server values in the test process; test/e2e's TestFleet runs the same
+// checks on `sluice serve --bootstrap` processes following `sluice xds`.
 //
 // Every listener binds 127.0.0.1 on an ephemeral port, every process runs in a temporary
 // directory and is stopped when its test ends, every wait is bounded, and the package leaks

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicegw/sluice/policy/route"
@@ -18,6 +19,11 @@ import (
 // computes) and steps the candidate's split weight as a file-configured gateway does on its
 // own: promote adds step, at most once per progression interval, up to max; rollback sets 0.
 // The new weights are an overlay on the file's, pushed to every replica in a new snapshot.
+//
+// The overlay lives in memory; the steps are in the store too (verdicts of Instance whose
+// action is the change). A control plane that starts recovers each route's weight from them
+// before its first judgement (restoreWeights), so that a restart undoes neither a rollback
+// nor a promotion.
 
 // Instance names the control plane in the shadow store: the gateway instance of the verdicts
 // it records (with the weight it set as their action). A host name cannot contain a space, so
@@ -33,6 +39,9 @@ const (
 	writerCloseWait = 5 * time.Second
 	// maxSteps is how many weight changes per route the status keeps.
 	maxSteps = 32
+	// restoreSteps is how many of a route's newest weight steps are read to recover its
+	// weight at start: a rollout traced back further is not recovered.
+	restoreSteps = 1000
 )
 
 // Step is one weight change of a route's candidate split made by the control plane.
@@ -42,7 +51,8 @@ type Step struct {
 	Split    string          `json:"split"`
 	From     int             `json:"from"`
 	To       int             `json:"to"`
-	// Version is the snapshot that carried it to the replicas.
+	// Version is the snapshot that carried it to the replicas ("" for a step recovered from
+	// the store, made before the control plane last started).
 	Version string `json:"version"`
 	// Action is what was recorded in the shadow store as the verdict's action.
 	Action string `json:"action"`
@@ -77,6 +87,9 @@ type RouteProgress struct {
 	FileWeight int  `json:"file_weight"`
 	Weight     int  `json:"weight"`
 	Overridden bool `json:"overridden"`
+	// Recovered says Weight (and Steps, SteppedAt) were recovered from the steps recorded in
+	// the store when the control plane started, and the file has not reset them since.
+	Recovered bool `json:"recovered,omitempty"`
 	// SteppedAt is the last weight change (a promote steps again at most one interval later).
 	SteppedAt *time.Time `json:"stepped_at,omitempty"`
 	Verdict   *Judged    `json:"verdict,omitempty"`
@@ -88,10 +101,11 @@ type RouteProgress struct {
 
 // progressState is what the server keeps of a route with a progression between judgements.
 type progressState struct {
-	stepped time.Time
-	verdict *Judged
-	steps   []Step
-	err     string
+	stepped   time.Time
+	verdict   *Judged
+	steps     []Step
+	err       string
+	recovered bool
 }
 
 // identityOf names what a route's mirror compares, exactly as the replicas name it in the
@@ -271,10 +285,13 @@ func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
 	if w == nil {
 		return 0
 	}
+	st := w.Store()
+	if st != nil && !s.restoreWeights(ctx, st) {
+		return 0 // judged from the file's weights, a step could undo what the store says
+	}
 	s.mu.Lock()
 	file, gen := s.file, s.gen
 	s.mu.Unlock()
-	st := w.Store()
 	var out []judged
 	for _, r := range file.Routes {
 		if progressed(r) == nil {
@@ -316,11 +333,7 @@ func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
 // act records route j's verdict and applies its weight change, pushing a new snapshot (called
 // with s.mu held). It reports whether the weight changed.
 func (s *Server) act(ctx context.Context, j judged, now time.Time) bool {
-	ps := s.prog[j.route]
-	if ps == nil {
-		ps = &progressState{}
-		s.prog[j.route] = ps
-	}
+	ps := s.state(j.route)
 	if j.err != nil {
 		ps.err = j.err.Error()
 		s.log.Warn("progression: fleet verdict not judged", "route", j.route, "err", j.err)
@@ -394,6 +407,7 @@ func (s *Server) progressStatus() []RouteProgress {
 		rp := RouteProgress{Route: r.Name, Split: p.Split, Candidate: identityOf(r.Mirror), Step: p.Step, Max: p.Max,
 			Interval: p.Interval, FileWeight: fw, Weight: sw, Overridden: over, Steps: []Step{}}
 		if ps := s.prog[r.Name]; ps != nil {
+			rp.Recovered = ps.recovered
 			if !ps.stepped.IsZero() {
 				t := ps.stepped
 				rp.SteppedAt = &t
@@ -409,4 +423,185 @@ func (s *Server) progressStatus() []RouteProgress {
 		out = append(out, rp)
 	}
 	return out
+}
+
+// parseStep reads the action of a weight step, "weight SPLIT FROM→TO" (as act records it).
+func parseStep(action string) (split string, from, to int, ok bool) {
+	rest, ok := strings.CutPrefix(action, "weight ")
+	if !ok {
+		return "", 0, 0, false
+	}
+	sp := strings.LastIndexByte(rest, ' ')
+	if sp <= 0 {
+		return "", 0, 0, false
+	}
+	f, t, ok := strings.Cut(rest[sp+1:], "→")
+	if !ok {
+		return "", 0, 0, false
+	}
+	from, err1 := strconv.Atoi(f)
+	to, err2 := strconv.Atoi(t)
+	if err1 != nil || err2 != nil || from < 0 || to < 0 {
+		return "", 0, 0, false
+	}
+	return rest[:sp], from, to, true
+}
+
+// recovery is what the store says of a route's rollout when the control plane starts.
+type recovery struct {
+	weight  int
+	stepped time.Time
+	steps   []Step // oldest first, at most maxSteps
+	// why says, when the rollout was not recovered though steps were found, why not.
+	why string
+}
+
+// recoverRoute traces route r's current rollout back through the weight steps recorded in the
+// store (recs, newest first, as Store.Steps returns them): the steps of the control plane
+// (Instance) for the route's candidate (identityOf) on its progression split, from the newest
+// back while each step started at the weight the one before it set. The rollout is the
+// file's when its first step started at the file's weight: its weight is the newest step's.
+// When it started elsewhere the file reset the weights since (a new rollout), and nothing
+// is recovered; nor when the trace reaches the oldest step read of a full page (its start
+// unknown). ok is false when there is no step to recover.
+func recoverRoute(r config.Route, recs []shadow.VerdictRecord, full bool) (rec recovery, ok bool) {
+	p := progressed(r)
+	fw, has := weightOf(r)
+	if p == nil || !has {
+		return recovery{}, false
+	}
+	candidate := identityOf(r.Mirror)
+	var chain []Step // newest first
+	truncated := full
+	for _, v := range recs {
+		if v.Instance != Instance || v.CandidateID != candidate {
+			continue
+		}
+		split, from, to, ok := parseStep(v.Action)
+		if !ok || split != p.Split {
+			continue
+		}
+		if len(chain) > 0 && to != chain[len(chain)-1].From {
+			truncated = false // the trace ends before the page does
+			break
+		}
+		chain = append(chain, Step{Time: v.Time, Decision: v.Verdict.Decision, Split: split, From: from, To: to, Action: v.Action})
+	}
+	if len(chain) == 0 {
+		return recovery{}, false
+	}
+	origin := chain[len(chain)-1].From
+	switch {
+	case truncated:
+		return recovery{why: fmt.Sprintf("its steps go back further than the %d read", len(recs))}, true
+	case origin != fw:
+		return recovery{why: fmt.Sprintf("its last rollout started at weight %d, the file's is %d (reset since)", origin, fw)}, true
+	}
+	slices.Reverse(chain)
+	if len(chain) > maxSteps {
+		chain = chain[len(chain)-maxSteps:]
+	}
+	head := chain[len(chain)-1]
+	return recovery{weight: head.To, stepped: head.Time, steps: chain}, true
+}
+
+// restoreWeights recovers, once, each progressed route's weight from the steps recorded in
+// the store (recoverRoute) and serves them: the overlay the control plane had when it last
+// stopped. It reports whether that is done; until it is, judgeAll does not judge (a step
+// from the file's weight could undo a rollback or a promotion). Reading the store happens
+// without the server's lock; a file change meanwhile makes the next round try again.
+func (s *Server) restoreWeights(ctx context.Context, st *shadow.Store) bool {
+	s.mu.Lock()
+	file, gen, done := s.file, s.gen, s.restored
+	s.mu.Unlock()
+	if done {
+		return true
+	}
+	found := map[string]recovery{}
+	var readErr error
+	failed := ""
+	for _, r := range file.Routes {
+		if progressed(r) == nil {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
+		recs, err := st.Steps(rctx, r.Name, restoreSteps)
+		cancel()
+		if err != nil {
+			readErr, failed = err, r.Name
+			break
+		}
+		if rec, ok := recoverRoute(r, recs, len(recs) >= restoreSteps); ok {
+			found[r.Name] = rec
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != gen {
+		return false
+	}
+	if readErr != nil {
+		for _, r := range file.Routes {
+			if progressed(r) != nil {
+				s.state(r.Name).err = fmt.Sprintf("weight not recovered from the store yet: %v", readErr)
+			}
+		}
+		s.log.Warn("progression: the weights could not be recovered from the store; not judging until they are",
+			"route", failed, "err", readErr)
+		return false
+	}
+	overlay := map[string]int{}
+	for k, v := range s.overlay {
+		overlay[k] = v
+	}
+	var names []string
+	for name, rec := range found {
+		r := findRoute(file, name)
+		if rec.why != "" {
+			s.log.Info("progression: weight not recovered from the store", "route", name, "why", rec.why)
+			continue
+		}
+		if fw, _ := weightOf(*r); fw == rec.weight {
+			delete(overlay, name)
+		} else {
+			overlay[name] = rec.weight
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	if len(overlay) > 0 {
+		eff := withWeights(file, overlay)
+		err := eff.Validate()
+		version := snapshotVersion(s.fileVersion, overlay, s.pushes+1)
+		if err == nil {
+			err = s.publish(ctx, eff, version)
+		}
+		if err != nil {
+			// Not servable with the file as it is now (it changed elsewhere since: say, the
+			// route's other splits to 0): the file's weights, the rollouts starting afresh.
+			s.log.Error("progression: the weights recovered from the store refused; serving the file's", "err", err)
+			s.restored = true
+			return true
+		}
+		s.overlay, s.pushes = overlay, s.pushes+1
+	}
+	for _, name := range names {
+		rec := found[name]
+		ps := s.state(name)
+		ps.stepped, ps.steps, ps.recovered, ps.err = rec.stepped, rec.steps, true, ""
+		s.log.Info("progression: weight recovered from the store", "route", name, "split", rec.steps[len(rec.steps)-1].Split,
+			"weight", rec.weight, "steps", len(rec.steps), "stepped_at", rec.stepped, "version", s.version)
+	}
+	s.restored = true
+	return true
+}
+
+// state is route name's progression state, made when missing (called with s.mu held).
+func (s *Server) state(name string) *progressState {
+	ps := s.prog[name]
+	if ps == nil {
+		ps = &progressState{}
+		s.prog[name] = ps
+	}
+	return ps
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -23,6 +24,8 @@ import (
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/shadow"
 	"github.com/sluicegw/sluice/test/pgtest"
+
+	_ "modernc.org/sqlite" // to make the store unreadable underneath it
 )
 
 func TestNextWeight(t *testing.T) {
@@ -540,4 +543,260 @@ routes:
 	if rp := st.Progression.Routes[0]; rp.Weight != 10 || rp.Overridden || st.Version != st.FileVersion {
 		t.Errorf("after the file dropped the route's cluster: %+v", st)
 	}
+}
+
+func TestParseStep(t *testing.T) {
+	for _, tc := range []struct {
+		action, split string
+		from, to      int
+		ok            bool
+	}{
+		{"weight good 0→10", "good", 0, 10, true},
+		{"weight my canary 20→0", "my canary", 20, 0, true},
+		{"recommend good weight 0→10 (the control plane owns the weights)", "", 0, 0, false},
+		{"weight good 0->10", "", 0, 0, false},
+		{"weight good x→10", "", 0, 0, false},
+		{"weight 0→10", "", 0, 0, false},
+		{"weight good -5→10", "", 0, 0, false},
+		{"", "", 0, 0, false},
+	} {
+		split, from, to, ok := parseStep(tc.action)
+		if ok != tc.ok || ok && (split != tc.split || from != tc.from || to != tc.to) {
+			t.Errorf("parseStep(%q) = %q %d %d %v, want %q %d %d %v", tc.action, split, from, to, ok, tc.split, tc.from, tc.to, tc.ok)
+		}
+	}
+}
+
+// step is a verdict of the control plane (unless instance says otherwise) that changed route
+// chat's weight of candidate's split, at t0 plus at.
+type step struct {
+	candidate, action, instance string
+	at                          time.Duration
+}
+
+// stepRecords are the steps as Store.Steps returns them: newest first.
+func stepRecords(t0 time.Time, steps []step) []shadow.VerdictRecord {
+	var out []shadow.VerdictRecord
+	for i := len(steps) - 1; i >= 0; i-- {
+		s := steps[i]
+		inst := s.instance
+		if inst == "" {
+			inst = Instance
+		}
+		d := shadow.Promote
+		if strings.HasSuffix(s.action, "→0") {
+			d = shadow.Rollback
+		}
+		out = append(out, shadow.VerdictRecord{Route: "chat", CandidateID: s.candidate, Time: t0.Add(s.at),
+			Verdict: shadow.Verdict{Decision: d, Reason: "planted"}, Action: s.action, Instance: inst})
+	}
+	return out
+}
+
+// restoreCases are the rollouts a starting control plane finds in the store, route chat's
+// file (candidate cand, next or another at fileWeight), what it serves first (want: the
+// recovered weight, or the file's) and whether it says it recovered it.
+var restoreCases = []struct {
+	name       string
+	cand       string
+	fileWeight int
+	steps      []step
+	want       int
+	recovered  bool
+}{
+	{"a promotion", "next", 0, []step{{"next", "weight next 0→10", "", 0}, {"next", "weight next 10→20", "", time.Second}}, 20, true},
+	{"a rollback", "cand", 10, []step{{"cand", "weight cand 10→0", "", 0}}, 0, true},
+	{"through a rollback and a promotion", "next", 0, []step{{"next", "weight next 0→10", "", 0}, {"next", "weight next 10→20", "", time.Second},
+		{"next", "weight next 20→0", "", 2 * time.Second}, {"next", "weight next 0→10", "", 3 * time.Second}}, 10, true},
+	{"back at the file's weight", "next", 0, []step{{"next", "weight next 0→10", "", 0}, {"next", "weight next 10→0", "", time.Second}}, 0, true},
+	{"the newest rollout, after the file reset the weights", "next", 5, []step{{"next", "weight next 0→10", "", 0},
+		{"next", "weight next 10→20", "", time.Second}, {"next", "weight next 5→15", "", 2 * time.Second}}, 15, true},
+	{"the file reset the weights since", "next", 5, []step{{"next", "weight next 0→10", "", 0}, {"next", "weight next 10→20", "", time.Second}}, 5, false},
+	{"another candidate's steps", "next", 0, []step{{"cand", "weight cand 10→0", "", 0}, {"other", "weight other 0→10", "", time.Second}}, 0, false},
+	{"another candidate's steps between", "next", 0, []step{{"next", "weight next 0→10", "", 0}, {"cand", "weight cand 10→0", "", time.Second},
+		{"next", "weight next 10→20", "", 2 * time.Second}}, 20, true},
+	{"a gateway's own steps, not the control plane's", "next", 0, []step{{"next", "weight next 0→10", "gw-a", 0}}, 0, false},
+	{"no steps", "next", 0, nil, 0, false},
+}
+
+// TestRecoverRoute traces the rollouts of restoreCases back through their steps.
+func TestRecoverRoute(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	for _, tc := range restoreCases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := *findRoute(parseConfig(t, progressConfig(t, tc.cand, tc.fileWeight, 30, "embed")), "chat")
+			rec, found := recoverRoute(r, stepRecords(t0, tc.steps), false)
+			got := tc.fileWeight
+			if found && rec.why == "" {
+				got = rec.weight
+				last := rec.steps[len(rec.steps)-1]
+				if !rec.stepped.Equal(last.Time) || last.To != rec.weight || rec.steps[0].Time.After(last.Time) {
+					t.Errorf("recovered %+v: want the steps oldest first, stepped at the newest", rec)
+				}
+			}
+			if got != tc.want || (found && rec.why == "") != tc.recovered {
+				t.Errorf("recovered weight %d (%+v, found %v), want %d, recovered %v", got, rec, found, tc.want, tc.recovered)
+			}
+		})
+	}
+	t.Run("traced back to the oldest step of a full page", func(t *testing.T) {
+		r := *findRoute(parseConfig(t, progressConfig(t, "next", 0, 30, "embed")), "chat")
+		recs := stepRecords(t0, []step{{"next", "weight next 0→10", "", 0}, {"next", "weight next 10→20", "", time.Second}})
+		if rec, found := recoverRoute(r, recs, true); !found || rec.why == "" {
+			t.Errorf("recovered %+v from a full page: its start is not known", rec)
+		}
+		// A page that holds the rollout's start, and an older one's step, is traced.
+		recs = append(recs, stepRecords(t0, []step{{"next", "weight next 20→30", "", -time.Hour}})...)
+		if rec, found := recoverRoute(r, recs, true); !found || rec.why != "" || rec.weight != 20 {
+			t.Errorf("recovered %+v, want 20", rec)
+		}
+	})
+}
+
+// TestProgressionRestoresWeights: a control plane that starts with the store serves, from its
+// first snapshot, the weight its steps recorded there set (restoreCases), shows them in its
+// status, and steps on from there, not from the file's weight: the last step's time counts
+// for the progression interval.
+func TestProgressionRestoresWeights(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, tc := range restoreCases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
+			st, err := shadow.OpenStore(context.Background(), storePath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			// Recent steps (the progression's interval is 1m), and no pairs: the first
+			// verdict holds, so the weight served is the recovered one.
+			t0 := time.Now().Add(-10 * time.Second)
+			for _, v := range stepRecords(t0, tc.steps) {
+				if err := st.AddVerdict(context.Background(), v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			writeFile(t, file, progressConfig(t, tc.cand, tc.fileWeight, 30, "embed"))
+			s, addr := startServerWith(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath})
+			first := dialDelta(t, addr, "replica-1").await("the first route configuration", func(r *discoverygrpc.DeltaDiscoveryResponse) bool {
+				return r.GetTypeUrl() == resource.RouteType
+			})
+			if w := chatWeight(t, first, tc.cand); w != tc.want {
+				t.Errorf("the first snapshot sends %s at weight %d, want %d", tc.cand, w, tc.want)
+			}
+			status := s.Status()
+			rp := status.Progression.Routes[0]
+			if rp.Weight != tc.want || rp.Recovered != tc.recovered || rp.Overridden != (tc.want != tc.fileWeight) ||
+				rp.Verdict == nil || rp.Verdict.Decision != shadow.Hold {
+				t.Errorf("status %+v", rp)
+			}
+			if tc.recovered {
+				if len(rp.Steps) == 0 {
+					t.Fatal("no steps in the status")
+				}
+				last := rp.Steps[len(rp.Steps)-1]
+				if last.To != tc.want || last.Version != "" || rp.SteppedAt == nil || !rp.SteppedAt.Equal(last.Time) {
+					t.Errorf("steps %+v, stepped at %v: want the recovered ones, the newest last", rp.Steps, rp.SteppedAt)
+				}
+				if tc.want != tc.fileWeight && status.Version != status.FileVersion+"+p1" {
+					t.Errorf("version %q, want the file's %q+p1", status.Version, status.FileVersion)
+				}
+			}
+		})
+	}
+
+	t.Run("a promotion goes on from the recovered weight", func(t *testing.T) {
+		dir := t.TempDir()
+		storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
+		st, err := shadow.OpenStore(context.Background(), storePath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		storePairs(t, st, "next", 40, 0, time.Now().Add(-time.Hour)) // identical: promote
+		writeFile(t, file, progressConfig(t, "next", 0, 30, "embed"))
+		var steppedAt time.Time
+		t.Run("the first control plane", func(t *testing.T) {
+			s, _ := startServerWith(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath})
+			// Judged before serving: 0→10; a minute later: 10→20.
+			s.judgeAll(context.Background(), time.Now().Add(time.Minute))
+			rp := s.Status().Progression.Routes[0]
+			if rp.Weight != 20 || len(rp.Steps) != 2 {
+				t.Fatalf("first control plane: %+v", rp)
+			}
+			steppedAt = rp.Steps[1].Time
+			waitVerdict(t, st, "weight next 10→20", "next")
+		})
+		t.Run("started again", func(t *testing.T) {
+			s, addr := startServerWith(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath})
+			c := dialDelta(t, addr, "replica-1")
+			first := c.await("the first route configuration", func(r *discoverygrpc.DeltaDiscoveryResponse) bool {
+				return r.GetTypeUrl() == resource.RouteType
+			})
+			// Without the store's steps: 10 (the file's 0, promoted once before serving).
+			if w := chatWeight(t, first, "next"); w != 20 {
+				t.Fatalf("the first snapshot after the restart sends next at weight %d, want the 20 it had", w)
+			}
+			rp := s.Status().Progression.Routes[0]
+			var got []string
+			for _, sp := range rp.Steps {
+				got = append(got, sp.Action)
+			}
+			if want := []string{"weight next 0→10", "weight next 10→20"}; !slices.Equal(got, want) || !rp.Recovered ||
+				rp.Verdict == nil || rp.Verdict.Decision != shadow.Promote || rp.SteppedAt == nil || !rp.SteppedAt.Equal(steppedAt) {
+				t.Fatalf("after the restart: %+v, steps %q", rp, got)
+			}
+			// The last step's time counts: within its interval the promote holds, then steps.
+			if n := s.judgeAll(context.Background(), steppedAt.Add(59*time.Second)); n != 0 {
+				t.Errorf("stepped %d times within the interval of the recovered step", n)
+			}
+			if n := s.judgeAll(context.Background(), steppedAt.Add(time.Minute)); n != 1 || s.Status().Progression.Routes[0].Weight != 30 {
+				t.Errorf("a promote an interval after the recovered step: %d changes, weight %d, want 30", n, s.Status().Progression.Routes[0].Weight)
+			}
+			c.await("weight 30 pushed", func(r *discoverygrpc.DeltaDiscoveryResponse) bool { return chatWeight(t, r, "next") == 30 })
+			waitVerdict(t, st, "weight next 20→30", "next")
+		})
+	})
+}
+
+// TestProgressionWaitsForTheRecovery: while the steps cannot be read from the store, the
+// control plane does not judge (a step from the file's weight could undo a rollback or a
+// promotion it had made) and says why; once they can, it recovers and judges.
+func TestProgressionWaitsForTheRecovery(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
+	st, err := shadow.OpenStore(context.Background(), storePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	storePairs(t, st, "next", 40, 0, time.Now().Add(-time.Hour)) // identical: promote
+	db, err := sql.Open("sqlite", storePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rename := func(from, to string) {
+		t.Helper()
+		if _, err := db.Exec("ALTER TABLE " + from + " RENAME TO " + to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename("verdicts", "verdicts_away") // the steps cannot be read
+	writeFile(t, file, progressConfig(t, "next", 0, 30, "embed"))
+	t.Run("serve", func(t *testing.T) {
+		s, _ := startServerWith(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath})
+		rp := s.Status().Progression.Routes[0]
+		if rp.Weight != 0 || rp.Verdict != nil || len(rp.Steps) != 0 || !strings.Contains(rp.Error, "weight not recovered from the store") {
+			t.Fatalf("with the steps unreadable: %+v", rp)
+		}
+		rename("verdicts_away", "verdicts")
+		if n := s.judgeAll(context.Background(), time.Now()); n != 1 {
+			t.Fatalf("%d weight changes once the steps could be read, want 1", n)
+		}
+		if rp := s.Status().Progression.Routes[0]; rp.Weight != 10 || rp.Error != "" || rp.Recovered {
+			t.Errorf("after the recovery (nothing to recover) and a promote: %+v", rp)
+		}
+	})
 }

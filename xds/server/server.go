@@ -77,6 +77,7 @@ type Server struct {
 	overlay     map[string]int            // route → its progression split's weight, set by the control plane
 	pushes      int                       // weight changes so far (the snapshot versions' "+pN")
 	prog        map[string]*progressState // by route
+	restored    bool                      // the weights were recovered from the store's steps (restoreWeights)
 
 	// storeURL is the shared shadow store ("": no progression); writer, started by Serve,
 	// writes the control plane's verdicts to it and holds the store read.
@@ -195,6 +196,7 @@ func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 	for _, name := range dropped {
 		if ps := s.prog[name]; ps != nil {
 			ps.stepped = time.Time{} // a new rollout: its first promote steps at once
+			ps.recovered = false
 		}
 		s.log.Info("progression: the file changed the route; its weights are the file's again", "route", name)
 	}
@@ -339,9 +341,10 @@ func (s *Server) hasProgression() bool {
 }
 
 // startProgression starts the writer of the shared store and, before anything is served,
-// waits for it (at most Options.StoreWait) and judges once: a control plane that restarts (its
-// weights are in its memory only) thus serves a candidate the fleet's verdict rolls back at
-// weight 0 from its first snapshot, not at the file's weight for an interval.
+// waits for it (at most Options.StoreWait), recovers the weights the steps recorded in the
+// store set (restoreWeights) and judges once: a control plane that restarts thus serves the
+// weights it had set (a promotion or a rollback), and a candidate the fleet's verdict rolls
+// back at weight 0, from its first snapshot, not the file's weights for an interval.
 func (s *Server) startProgression(ctx context.Context) *shadow.Writer {
 	opened := make(chan struct{})
 	url := s.storeURL

@@ -1,4 +1,4 @@
-package fleet
+package rlstest
 
 import (
 	"os/exec"

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package fleet
+package rlstest
 
 import "os/exec"
 

@@ -1,4 +1,4 @@
-module github.com/sluicegw/sluice/test/fleet/rls
+module github.com/sluicegw/sluice/test/rlstest/rls
 
 go 1.26.0
 
