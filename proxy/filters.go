@@ -13,20 +13,27 @@ import (
 
 // The route's stream filters (policy.StreamFilter) watch each attempt's stream on its way to
 // the client: relayStream asks each for a watcher at the first event, shows every relayed
-// event to the watchers before it is written, and ends them when the stream ends. The tap
-// (tokens, TTFT, the end of the stream) and the resume and mirror captures stay in the relay
-// itself: the relay's own decisions (commit, resume, the in-band error) are made on them.
+// event to the watchers before it is written, and ends them when the stream ends. A mirrored
+// request's capture is a watcher too (shadow.Job), ahead of the filters. The tap (tokens,
+// TTFT, the end of the stream) and the resume capture stay in the relay itself: the relay's
+// own decisions (commit, resume, the in-band error) are made on the tap, and the resume
+// capture also keeps the events of a continuation that are not relayed (which no watcher
+// sees).
 
 // errFilterCut is the attempt context's cause when a stream filter ended the stream: the
 // upstream request is cancelled so that the model server frees the sequence.
 var errFilterCut = errors.New("a stream filter ended the stream")
 
-// watchStream starts the watchers of the exchange's stream filters for one attempt.
+// watchStream starts the watchers of one attempt's stream: the mirrored copy's capture
+// first (it keeps each event as the model server sent it), then the route's stream filters.
 func (ex *exchange) watchStream() []policy.StreamWatcher {
-	if len(ex.filters) == 0 {
+	if len(ex.filters) == 0 && ex.mirror == nil {
 		return nil
 	}
 	var ws []policy.StreamWatcher
+	if ex.mirror != nil {
+		ws = append(ws, ex.mirror)
+	}
 	for _, f := range ex.filters {
 		if w := f.WatchStream(ex.preq); w != nil {
 			ws = append(ws, w)

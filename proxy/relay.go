@@ -176,9 +176,6 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 				ex.streamID = chunkID(ev.Data)
 			}
 		}
-		if ex.mirror != nil && !skip {
-			ex.mirror.Capture(ev.Raw, true)
-		}
 		if !skip {
 			raw, replaced := ev.Raw, false
 			if len(watch) > 0 {

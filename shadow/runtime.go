@@ -339,6 +339,17 @@ func (j *Job) Capture(b []byte, sse bool) {
 	j.capture.add(b)
 }
 
+// Event makes a job a stream watcher of the primary's stream (policy.StreamWatcher): it
+// captures each event as the model server sent it, before any filter replaced it (the
+// model server's answer is what is compared). It never changes the stream.
+func (j *Job) Event(ev policy.StreamEvent) policy.StreamAction {
+	j.Capture(ev.Raw, true)
+	return policy.StreamAction{}
+}
+
+// End ends a watch of one attempt's stream; a resumed stream goes on in the same capture.
+func (j *Job) End() []policy.Class { return nil }
+
 // PrimaryDone hands the primary's answer to the job: its outcome, its tap (TTFT, tokens)
 // and whether chaos faults acted on it; nothing is parsed here. When the sandboxes have
 // answered already, the triple goes to the route's comparers. Safe on a nil job; called
