@@ -414,7 +414,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		out.ContentLength = r.ContentLength
 	}
 
-	out.Header.Set("X-Request-Id", ex.id)
+	out.Header["X-Request-Id"] = ex.idValue
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		if prior := out.Header.Get("X-Forwarded-For"); prior != "" {
 			host = prior + ", " + host
@@ -422,13 +422,16 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		out.Header.Set("X-Forwarded-For", host)
 	}
 	if r.TLS != nil {
-		out.Header.Set("X-Forwarded-Proto", "https")
+		out.Header["X-Forwarded-Proto"] = protoHTTPS
 	} else {
-		out.Header.Set("X-Forwarded-Proto", "http")
+		out.Header["X-Forwarded-Proto"] = protoHTTP
 	}
 	h.srv.tel.Inject(ctx, out.Header)
 	return out, nil
 }
+
+// The X-Forwarded-Proto values, shared.
+var protoHTTP, protoHTTPS = headerValue("http"), headerValue("https")
 
 // neverForwarded are request headers that never reach a model server: Sluice's own (the
 // admin token, chaos faults), and headers some servers and proxies read as the URL to serve

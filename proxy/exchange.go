@@ -29,6 +29,7 @@ type exchange struct {
 	rc        *http.ResponseController // the client connection's deadlines
 	flusher   http.Flusher
 	id        string
+	idValue   []string // id as a header value, shared by the answer's and the upstream requests' headers
 	start     time.Time
 	preq      *policy.Request
 	committed bool // headers went to the client: no more retries, errors go in-band
@@ -76,7 +77,8 @@ func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *e
 	if ex.id == "" || len(ex.id) > 128 {
 		ex.id = newRequestID()
 	}
-	w.Header().Set("X-Request-Id", ex.id)
+	ex.idValue = headerValue(ex.id)
+	w.Header()["X-Request-Id"] = ex.idValue
 	return ex
 }
 
@@ -274,9 +276,9 @@ func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 		h[k] = vs
 	}
 	h.Del("Content-Length")
-	h.Set("X-Request-Id", ex.id) // ours, even if the upstream answered with its own
+	h["X-Request-Id"] = ex.idValue // ours, even if the upstream answered with its own
 	h.Set("X-Sluice-Upstream", res.cluster)
-	h.Set("X-Sluice-Attempts", strconv.Itoa(res.attempts))
+	h["X-Sluice-Attempts"] = attemptsValue(res.attempts)
 	ex.w.WriteHeader(status)
 	ex.committed = true
 }
@@ -402,6 +404,13 @@ func copyHeaders(dst, src http.Header) {
 			}
 		}
 	}
+	// One backing array for every value copied (each header's slice capped at its own end,
+	// so an Add to one never writes into the next): one allocation, not one per header.
+	n := 0
+	for _, vs := range src {
+		n += len(vs)
+	}
+	pool := make([]string, 0, n)
 next:
 	for k, vs := range src {
 		for _, h := range hopHeaders {
@@ -414,8 +423,31 @@ next:
 				continue next
 			}
 		}
-		dst[k] = append(dst[k][:0:0], vs...)
+		start := len(pool)
+		pool = append(pool, vs...)
+		dst[k] = pool[start:len(pool):len(pool)]
 	}
+}
+
+// headerValue is a header's value list of v alone, capped so that an Add never writes into it:
+// for values shared between header maps and requests (the request id, constants).
+func headerValue(v string) []string { return []string{v}[:1:1] }
+
+// attemptsValues are the X-Sluice-Attempts values of the usual attempt counts, shared.
+var attemptsValues = func() [][]string {
+	out := make([][]string, 16)
+	for i := range out {
+		out[i] = headerValue(strconv.Itoa(i))
+	}
+	return out
+}()
+
+// attemptsValue is the X-Sluice-Attempts value of n attempts.
+func attemptsValue(n int) []string {
+	if n >= 0 && n < len(attemptsValues) {
+		return attemptsValues[n]
+	}
+	return headerValue(strconv.Itoa(n))
 }
 
 func newRequestID() string {

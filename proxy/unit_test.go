@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -425,5 +426,30 @@ func TestIsAPIPath(t *testing.T) {
 		if got := underV1(tt.path) && !hasDotSegment(tt.path); got != tt.want {
 			t.Errorf("%q served = %v, want %v", tt.path, got, tt.want)
 		}
+	}
+}
+
+// TestCopyHeadersShareNothing: the copied values share one backing array, but adding to one
+// header (or to the source) never changes another, and hop-by-hop headers stay behind.
+func TestCopyHeadersShareNothing(t *testing.T) {
+	src := http.Header{"A": {"1"}, "B": {"2", "3"}, "C": {"4"}, "Connection": {"keep-alive, X-Hop"}, "X-Hop": {"h"}}
+	dst := http.Header{}
+	copyHeaders(dst, src)
+	for k := range dst {
+		dst.Add(k, "added")
+	}
+	src.Add("A", "src")
+	want := http.Header{"A": {"1", "added"}, "B": {"2", "3", "added"}, "C": {"4", "added"}}
+	if !reflect.DeepEqual(dst, want) {
+		t.Errorf("copy after adds: %v, want %v", dst, want)
+	}
+	if !reflect.DeepEqual(src["B"], []string{"2", "3"}) || !reflect.DeepEqual(src["A"], []string{"1", "src"}) {
+		t.Errorf("source changed: %v", src)
+	}
+	if v := attemptsValue(3); !reflect.DeepEqual(v, []string{"3"}) || cap(v) != 1 {
+		t.Errorf("attemptsValue(3) = %v (cap %d)", v, cap(v))
+	}
+	if v := attemptsValue(99); !reflect.DeepEqual(v, []string{"99"}) {
+		t.Errorf("attemptsValue(99) = %v", v)
 	}
 }
