@@ -1,5 +1,7 @@
 package openai
 
+import "encoding/binary"
+
 // WellFormedChunk reports whether a stream chunk's data can be relayed: a JSON object whose
 // structure is whole. It is a single pass over the bytes, several times cheaper than
 // json.Valid, and catches what breaks real streams: a chunk cut short, unbalanced braces or
@@ -28,14 +30,7 @@ func WellFormedChunk(data []byte) bool {
 			if prev == '}' || prev == ']' || prev == '"' {
 				return false // a value right after a value
 			}
-			for i++; i < n && data[i] != '"'; i++ {
-				if data[i] == '\\' {
-					i++
-				} else if data[i] < 0x20 {
-					return false
-				}
-			}
-			if i >= n {
+			if i = stringEnd(data[:n], i+1); i < 0 {
 				return false
 			}
 		case '{', '[':
@@ -74,6 +69,31 @@ func WellFormedChunk(data []byte) bool {
 		prev = c
 	}
 	return depth == 0
+}
+
+// stringEnd is the index of the quote closing the string whose contents start at b[i], -1
+// when the string holds a control byte or does not end within b. Plain bytes are skipped
+// eight at a time (strings are most of a chunk's bytes: ids, model names, text).
+func stringEnd(b []byte, i int) int {
+	for {
+		for i+8 <= len(b) && !hasSpecial(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		for i < len(b) && class[b[i]]&clsSpecial == 0 {
+			i++
+		}
+		if i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case '"':
+			return i
+		case '\\':
+			i += 2 // the escaped byte, whatever it is (as the byte loop always did)
+		default:
+			return -1 // a control byte
+		}
+	}
 }
 
 func isDelim(c byte) bool {
