@@ -87,7 +87,7 @@ func TestMarkdown(t *testing.T) {
 				"HAProxy version 2.6.12 (nbthread 2: 2 threads)",
 				"- haproxy: generated config, `mode http`",
 				"| target | Sluice | nginx (this run) | haproxy (this run) | limit | verdict |",
-				"| added p50 at 2,000 req/s | +0.300 ms | +0.100 ms | +0.200 ms | ≤ 1.2 × nginx = +0.120 ms | **missed** (3.00x nginx); 1.50x haproxy |",
+				"| added p50 at 2,000 req/s | +0.300 ms | +0.100 ms | +0.200 ms | ≤ 1.5 × nginx = +0.150 ms | **missed** (3.00x nginx); 1.50x haproxy |",
 				"| CPU per request at 2,000 req/s | 300.0 µs | 100.0 µs | 200.0 µs | ≤ 1.5 × nginx = 150.0 µs | **missed** (3.00x nginx); 1.50x haproxy |",
 				"| TTFT p50 added, 10 streams × 4 tokens | +3.000 ms | +1.000 ms | +2.000 ms | ≤ nginx | **missed** (3.00x nginx); 1.50x haproxy |",
 				"| haproxy | 1,000 | 1.0000 | 2000.0 | 1.200 ms | 1.200 ms | +0.200 ms | +0.200 ms | 200.0 µs |",
@@ -112,7 +112,7 @@ func TestMarkdown(t *testing.T) {
 			want: []string{
 				"# Sluice overhead: direct vs Sluice vs nginx\n",
 				"| target | Sluice | nginx (this run) | limit | verdict |",
-				"| added p50 at 2,000 req/s | +0.300 ms | +0.100 ms | ≤ 1.2 × nginx = +0.120 ms | **missed** (3.00x nginx) |",
+				"| added p50 at 2,000 req/s | +0.300 ms | +0.100 ms | ≤ 1.5 × nginx = +0.150 ms | **missed** (3.00x nginx) |",
 				"Ratios: added p50 Sluice ÷ nginx 3.00x; added p99 Sluice ÷ nginx 3.00x; CPU/request Sluice ÷ nginx 3.00x.",
 				"| Sluice ÷ nginx | 3.00x | 3.00x | 3.00x | 3.00x | 1.00x |",
 				"Left out of this run (`--targets direct,sluice,nginx`): haproxy.",
@@ -124,7 +124,7 @@ func TestMarkdown(t *testing.T) {
 			targets: []string{"direct", "sluice", "haproxy"},
 			want: []string{
 				"| target | Sluice | haproxy (this run) | limit | verdict |",
-				"| added p50 at 2,000 req/s | +0.300 ms | +0.200 ms | ≤ 1.2 × nginx | no yardstick: nginx not in --targets; 1.50x haproxy |",
+				"| added p50 at 2,000 req/s | +0.300 ms | +0.200 ms | ≤ 1.5 × nginx | no yardstick: nginx not in --targets; 1.50x haproxy |",
 				"| Sluice ÷ haproxy | 1.50x |",
 				"Left out of this run (`--targets direct,sluice,haproxy`): nginx.",
 			},
@@ -142,7 +142,7 @@ func TestMarkdown(t *testing.T) {
 				}
 			},
 			want: []string{
-				"| added p50 at 2,000 req/s | +0.300 ms | +0.000 ms | +0.000 ms | ≤ 1.2 × nginx = +0.000 ms | indeterminate: nginx added ≤ 0 in this run (noise); compare the absolute figures; haproxy's ≤ 0 |",
+				"| added p50 at 2,000 req/s | +0.300 ms | +0.000 ms | +0.000 ms | ≤ 1.5 × nginx = +0.000 ms | indeterminate: nginx added ≤ 0 in this run (noise); compare the absolute figures; haproxy's ≤ 0 |",
 				"Ratios: added p50 Sluice ÷ nginx n/a (nginx's ≤ 0), Sluice ÷ haproxy n/a (haproxy's ≤ 0), haproxy ÷ nginx n/a (nginx's ≤ 0);",
 				// the other rate keeps its ratios
 				"Ratios: added p50 Sluice ÷ nginx 3.00x, Sluice ÷ haproxy 1.50x, haproxy ÷ nginx 2.00x;",
