@@ -170,37 +170,69 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 		}
 		return nil, false, err
 	}
-	if err := writeRequest(c.bw, req); err != nil {
-		if c.reuse && ctx.Err() == nil {
+	before := c.lim.total
+	if werr := writeRequest(c.bw, req); werr != nil {
+		// A server (or a proxy in front of it) may answer before it has read the whole body
+		// (413, 400) and close: that answer is the request's, as net/http's Transport gives
+		// it. Nothing else is waited for: the answer is read only if it is already there.
+		var early *http.Response
+		if isReset(werr) && ctx.Err() == nil {
+			_ = c.c.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+			if r, err := readHead(c, req); err == nil && !(c.reuse && r.StatusCode == http.StatusRequestTimeout) {
+				early = r
+			}
+		}
+		if early == nil {
+			if c.reuse && ctx.Err() == nil {
+				stop()
+				_ = c.c.Close()
+				return nil, true, werr
+			}
+			return fail(werr)
+		}
+		if !b.cancelled.Load() {
+			_ = c.c.SetReadDeadline(time.Time{}) // the body reads as any answer's (a cancel still unblocks it)
+		}
+		early.Close = true // the connection is done with
+		return t.answer(b, c, req, early, fail)
+	}
+	resp, err := readHead(c, req)
+	if err != nil {
+		nothing := c.lim.total == before
+		if c.reuse && ctx.Err() == nil && nothing && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
 			stop()
 			_ = c.c.Close()
-			return nil, true, err
+			return nil, true, fmt.Errorf("upstream: server closed idle connection: %w", err)
 		}
 		return fail(err)
 	}
+	return t.answer(b, c, req, resp, fail)
+}
+
+// earlyAnswerWait bounds reading an answer the server sent before it read the whole request.
+const earlyAnswerWait = 250 * time.Millisecond
+
+// readHead reads the head of the answer to req on c, skipping 1xx answers (at most
+// maxInformational), each head within MaxResponseHeaderBytes.
+func readHead(c *h1Conn, req *http.Request) (*http.Response, error) {
 	c.lim.n = MaxResponseHeaderBytes
-	before := c.lim.total
-	var resp *http.Response
 	for n := 0; ; n++ {
 		r, err := http.ReadResponse(c.br, req)
 		if err != nil {
-			nothing := c.lim.total == before
-			if c.reuse && ctx.Err() == nil && nothing && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
-				stop()
-				_ = c.c.Close()
-				return nil, true, fmt.Errorf("upstream: server closed idle connection: %w", err)
-			}
-			return fail(err)
+			return nil, err
 		}
 		if r.StatusCode >= 200 || r.StatusCode == http.StatusSwitchingProtocols {
-			resp = r
-			break
+			return r, nil
 		}
 		if n+1 >= maxInformational {
-			return fail(errTooManyInformational)
+			return nil, errTooManyInformational
 		}
 		c.lim.n = MaxResponseHeaderBytes
 	}
+}
+
+// answer hands resp's body to the caller through the connection's h1Body.
+func (t *h1) answer(b *h1Body, c *h1Conn, req *http.Request, resp *http.Response, fail func(error) (*http.Response, bool, error)) (*http.Response, bool, error) {
 	c.lim.n = -1
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		resp.Body.Close()

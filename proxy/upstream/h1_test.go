@@ -442,3 +442,54 @@ func FuzzH1Answer(f *testing.F) {
 		}
 	})
 }
+
+// TestH1EarlyAnswer: a server (or a proxy in front of it, as nginx with client_max_body_size)
+// that answers before it has read the whole body and closes the connection: the client gets
+// that answer, as net/http's Transport gives it, not a write error; both on a new connection
+// and on a reused one.
+func TestH1EarlyAnswer(t *testing.T) {
+	const answer = `{"error":{"message":"request body too large","type":"invalid_request_error","code":"too_large"}}`
+	addr := rawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			if req.ContentLength < 1<<20 {
+				_, _ = io.Copy(io.Discard, req.Body)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				continue
+			}
+			// Refuse at the headers, read a little more (a lingering close, as servers do
+			// so that the answer is not lost to a reset), and close.
+			fmt.Fprintf(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(answer), answer)
+			_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			_, _ = io.CopyN(io.Discard, br, 64<<10)
+			_ = c.(*net.TCPConn).CloseWrite()
+			time.Sleep(100 * time.Millisecond)
+			return
+		}
+	})
+	h, _ := countingH1(t)
+	big := strings.Repeat("x", 16<<20)
+	for _, warm := range []bool{false, true} {
+		if warm { // a kept-alive connection first
+			resp, err := h.RoundTrip(newReq(t, context.Background(), "http://"+addr+"/", "small"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			readAll(t, resp)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := h.RoundTrip(newReq(t, ctx, "http://"+addr+"/v1/chat/completions", big))
+		if err != nil {
+			cancel()
+			t.Fatalf("warm %v: %v, want the server's 413", warm, err)
+		}
+		if b := readAll(t, resp); resp.StatusCode != http.StatusRequestEntityTooLarge || b != answer {
+			t.Errorf("warm %v: %d %q", warm, resp.StatusCode, b)
+		}
+		cancel()
+	}
+}
