@@ -383,15 +383,6 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	for _, k := range neverForwarded {
 		delete(out.Header, k)
 	}
-	if cl.apiKey != "" {
-		// The cluster's credential replaces the client's: all of them, not only
-		// Authorization (api-key, x-api-key, cookies, vendor key headers).
-		for k := range out.Header {
-			if config.CredentialLike(k) {
-				delete(out.Header, k)
-			}
-		}
-	}
 
 	body := ex.preq.Body
 	if ex.contBody != nil {

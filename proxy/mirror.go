@@ -191,11 +191,7 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 	h := make(http.Header, len(src))
 	copyHeaders(h, src)
-	for k := range h {
-		if config.CredentialLike(k) {
-			delete(h, k)
-		}
-	}
+	stripCredentials(h) // a sandbox never sees the client's (send adds the cluster's own)
 	h.Del("Content-Length")
 	h.Del("Accept-Encoding") // the answer is read as the model server wrote it
 	h.Del(fault.Header)

@@ -89,8 +89,9 @@ func TestOutbound(t *testing.T) {
 			if hdr.Get("X-Hop") != "" || hdr.Get("Connection") != "" {
 				t.Errorf("hop-by-hop headers forwarded: %v", hdr)
 			}
-			// The client's credential is dropped here; send puts the cluster's on (TestSendUsesClusterCredential).
-			if hdr.Get("Authorization") != "" || hdr.Get("X-Request-Id") != ex.id {
+			// The client's credential is still on: send replaces it with the cluster's
+			// (TestSendUsesClusterCredential).
+			if hdr.Get("Authorization") != "Bearer client" || hdr.Get("X-Request-Id") != ex.id {
 				t.Errorf("Authorization %q, X-Request-Id %q", hdr.Get("Authorization"), hdr.Get("X-Request-Id"))
 			}
 			if got := hdr.Get("X-Forwarded-For"); got != "10.0.0.1, 192.0.2.1" {
@@ -106,25 +107,44 @@ func TestOutbound(t *testing.T) {
 }
 
 // TestSendUsesClusterCredential: the one sender puts the cluster's credential on every request
-// it sends (an attempt's or a mirrored copy's), and reports an event stream as one.
+// it sends (an attempt's or a mirrored copy's) in place of every credential-like header of the
+// client's, leaves the request's own to a cluster without one, and reports an event stream as
+// one.
 func TestSendUsesClusterCredential(t *testing.T) {
-	got := make(chan string, 1)
+	got := make(chan http.Header, 1)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- r.Header.Get("Authorization")
+		got <- r.Header.Clone()
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	defer up.Close()
 	srv := newTestServer(t, up.URL)
 	cl := srv.state.Load().clusters["main"]
-	out, _ := http.NewRequest(http.MethodPost, up.URL+"/v1/chat/completions", strings.NewReader("{}"))
-	out.Header.Set("Authorization", "Bearer client")
-	resp, sse, err := send(context.Background(), nil, cl, out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if a := <-got; a != "Bearer sk-cluster" || !sse {
-		t.Errorf("Authorization %q, sse %v; want the cluster's credential and an event stream", a, sse)
+	for _, tc := range []struct {
+		key       string
+		wantAuth  string
+		wantOther bool
+	}{
+		{"sk-cluster", "Bearer sk-cluster", false},
+		{"", "Bearer client", true},
+	} {
+		c := *cl
+		c.apiKey = tc.key
+		out, _ := http.NewRequest(http.MethodPost, up.URL+"/v1/chat/completions", strings.NewReader("{}"))
+		out.Header.Set("Authorization", "Bearer client")
+		out.Header.Set("X-Api-Key", "client-key")
+		out.Header.Set("Cookie", "session=1")
+		out.Header.Set("X-Trace", "t")
+		resp, sse, err := send(context.Background(), nil, &c, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		h := <-got
+		other := h.Get("X-Api-Key") != "" || h.Get("Cookie") != ""
+		if h.Get("Authorization") != tc.wantAuth || other != tc.wantOther || h.Get("X-Trace") != "t" || !sse {
+			t.Errorf("cluster key %q: upstream headers %v, sse %v; want Authorization %q, the client's other credentials %v",
+				tc.key, h, sse, tc.wantAuth, tc.wantOther)
+		}
 	}
 }

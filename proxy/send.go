@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
+	"github.com/sluicegw/sluice/proxy/config"
 )
 
 // The send step (8 in the picture) is one way out to a model server, for the request's
@@ -16,6 +17,15 @@ import (
 // the body it answers with (stream faults). The caller builds the request (which headers
 // go: the client's for an attempt, the mirror's filtered set for a copy) and reads the
 // answer (the relay for an attempt, the capture for a copy).
+
+// stripCredentials removes every credential-like header (config.CredentialLike).
+func stripCredentials(h http.Header) {
+	for k := range h {
+		if config.CredentialLike(k) {
+			delete(h, k)
+		}
+	}
+}
 
 // bodyFor is the body sent to a candidate serving model ("" keeps the request's): the
 // request's body, with the model rewritten when the candidate names another. It returns the
@@ -31,12 +41,17 @@ func bodyFor(body []byte, reqModel, model string) ([]byte, string, error) {
 	return b, model, nil
 }
 
-// send sends out to the cluster with the cluster's credential, unless the attempt's chaos
-// faults answer for the model server (an abort) or delay it first; a successful answer's
-// body comes wrapped with the attempt's stream faults. sse reports whether the answer is an
-// event stream.
+// send sends out to the cluster, unless the attempt's chaos faults answer for the model
+// server (an abort) or delay it first; a successful answer's body comes wrapped with the
+// attempt's stream faults. sse reports whether the answer is an event stream.
+//
+// The credential rule, for attempts and copies alike: a cluster with a credential (api_key)
+// gets its own and none of the client's (all of them, not only Authorization: api-key,
+// x-api-key, cookies, vendor key headers); a cluster without one gets what the caller put on
+// the request (an attempt: the client's; a copy: none, mirrorHeader removed them).
 func send(ctx context.Context, at *fault.Attempt, cl *clusterState, out *http.Request) (resp *http.Response, sse bool, err error) {
 	if cl.apiKey != "" {
+		stripCredentials(out.Header)
 		out.Header.Set("Authorization", "Bearer "+cl.apiKey)
 	}
 	ab, err := at.Before(ctx)
