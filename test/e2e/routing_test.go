@@ -798,6 +798,56 @@ func TestResume(t *testing.T) {
 		}
 	})
 
+	t.Run("through a replacing filter", func(t *testing.T) {
+		// A stream filter that rewrites every event (confidence sampling asks the model
+		// servers for logprobs the client did not ask for and strips them) on a resumed
+		// stream: the client gets one stream, one id, the uncut text, and no logprobs.
+		g := startGateway(t, routingConfig(`  - name: chat
+    cluster: primary
+    fallback: [{cluster: backup}]
+    resume: true
+    policies: [{type: confidence, params: {sample: 1}}]
+`, "primary", primary.URL, "backup", backup.URL))
+		body := `{"model":"sim-llama","stream":true,"max_tokens":40,"ignore_eos":true,"temperature":0,` +
+			`"messages":[{"role":"user","content":"Tell me a long story about a lighthouse."}]}`
+		resp, raw := do(t, newHTTPClient(t), http.MethodPost, "http://"+g.addr+"/v1/chat/completions", body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, raw)
+		}
+		evs := parseSSE(raw)
+		text, done, chunks := streamText(t, evs)
+		if text != wantText || !done || chunks != 40 {
+			t.Errorf("resumed filtered stream: %d content chunks, [DONE] %v, text %q; want 40, true, %q", chunks, done, text, wantText)
+		}
+		ids := map[string]int{}
+		for _, ev := range evs {
+			var c struct {
+				ID      string `json:"id"`
+				Choices []struct {
+					Logprobs json.RawMessage `json:"logprobs"`
+				} `json:"choices"`
+			}
+			if ev.data == "[DONE]" || json.Unmarshal([]byte(ev.data), &c) != nil {
+				continue
+			}
+			ids[c.ID]++
+			for _, ch := range c.Choices {
+				if len(ch.Logprobs) > 0 && string(ch.Logprobs) != "null" {
+					t.Errorf("the client got logprobs it did not ask for: %s", ev.data)
+				}
+			}
+		}
+		if len(ids) != 1 {
+			t.Errorf("chunk ids of one resumed, filtered stream: %v, want one id", ids)
+		}
+		// The filter did rewrite the stream: it stripped the logprobs it asked for, on both
+		// sides of the resume (the continuation asked for them too).
+		stripped := metricValue(t, newHTTPClient(t), g.admin, "sluice_confidence_stripped_events_total", `route="chat"`)
+		if stripped < 40 {
+			t.Errorf("sluice_confidence_stripped_events_total = %v, want every token event stripped (≥ 40)", stripped)
+		}
+	})
+
 	t.Run("continuation fails", func(t *testing.T) {
 		// The fallback answers 500 to the continuation: the client must learn that its
 		// stream is incomplete (an in-band error), never see it end as if it were whole.
