@@ -11,6 +11,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/sluicegw/sluice/proxy"
 	"github.com/sluicegw/sluice/proxy/config"
@@ -128,16 +129,54 @@ func TestRunawayCutThroughGateway(t *testing.T) {
 	if st := s.Stats(); st.Cancelled != 1 || st.GenerationTokens > 1000 {
 		t.Errorf("the upstream request was not cancelled at the cut: %+v", st)
 	}
+	// The shapes real clients send. Two choices (n: 2), both looping: the cut ends every
+	// choice (the client's accumulator sees each with finish_reason length).
+	stream2 := func(p openai.ChatCompletionNewParams, opts ...option.RequestOption) openai.ChatCompletionAccumulator {
+		t.Helper()
+		stream := client.Chat.Completions.NewStreaming(testCtx(t), p, opts...)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		for stream.Next() {
+			acc.AddChunk(stream.Current())
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("n=%d, %d tools: the stream ended with an error: %v", p.N.Value, len(p.Tools), err)
+		}
+		return acc
+	}
+	n2 := params
+	n2.N = openai.Int(2)
+	acc2 := stream2(n2, option.WithHeader(sim.HeaderLoopAfter, "50"))
+	if len(acc2.Choices) != 2 {
+		t.Fatalf("n=2: %d choices, want 2", len(acc2.Choices))
+	}
+	for i, ch := range acc2.Choices {
+		if ch.FinishReason != "length" {
+			t.Errorf("n=2: choice %d finish_reason %q, want length (the cut ends every choice)", i, ch.FinishReason)
+		}
+	}
+	// Tools offered and a tool call answered (its arguments streamed in pieces): watched,
+	// never cut.
+	withTools := params
+	withTools.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+		Name: "lookup", Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{"q": map[string]any{"type": "string"}}},
+	})}
+	acc3 := stream2(withTools)
+	if len(acc3.Choices) != 1 || acc3.Choices[0].FinishReason != "tool_calls" || len(acc3.Choices[0].Message.ToolCalls) != 1 ||
+		!json.Valid([]byte(acc3.Choices[0].Message.ToolCalls[0].Function.Arguments)) {
+		t.Errorf("a tool call through the runaway policy: %+v", acc3.Choices)
+	}
+
 	params.MaxTokens = openai.Int(200)
 	acc, n, err = read()
 	if err != nil || len(acc.Choices) != 1 || acc.Choices[0].FinishReason == "" || n < 100 {
 		t.Fatalf("an ordinary answer: %d tokens, %+v, %v", n, acc.Choices, err)
 	}
 	hc := newHTTPClient(t)
-	if v := metricValue(t, hc, g.admin, "sluice_runaway_detections_total", `action="cut"`); v != 1 {
-		t.Errorf("sluice_runaway_detections_total{action=cut} = %v, want 1", v)
+	if v := metricValue(t, hc, g.admin, "sluice_runaway_detections_total", `action="cut"`); v != 2 {
+		t.Errorf("sluice_runaway_detections_total{action=cut} = %v, want 2", v)
 	}
-	if v := metricValue(t, hc, g.admin, "sluice_guard_runaways_total"); v != 1 {
-		t.Errorf("sluice_guard_runaways_total = %v, want 1 (the loop counts against the tenant's breaker)", v)
+	if v := metricValue(t, hc, g.admin, "sluice_guard_runaways_total"); v != 2 {
+		t.Errorf("sluice_guard_runaways_total = %v, want 2 (each loop counts against the tenant's breaker)", v)
 	}
 }
