@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+
+	"github.com/sluicegw/sluice/policy/openai"
 )
 
 // KindCorrupt replaces words, numbers and punctuation of the output text
@@ -97,18 +99,9 @@ func corruptPaths(data []byte, c *corrupter, paths [][]seg) ([]byte, bool) {
 				return nil, false
 			}
 			dst = append(dst, obj[m.start:m.valStart]...)
-			return appendJSONString(dst, string(nt)), true
+			return openai.AppendString(dst, string(nt)), true
 		})
 		data, changed = nd, changed || ch
 	}
 	return data, changed
-}
-
-// appendJSONString appends s as a JSON string (without HTML escaping).
-func appendJSONString(dst []byte, s string) []byte {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(s)
-	return append(dst, bytes.TrimRight(buf.Bytes(), "\n")...)
 }
