@@ -29,8 +29,21 @@ func demoOutputSide(ctx context.Context, w io.Writer, srv *proxy.Server, sims *d
 	hc := &http.Client{Timeout: 30 * time.Second}
 	defer hc.CloseIdleConnections()
 	url := "http://" + srv.Addr() + "/v1/chat/completions"
+	if err := demoRunaway(ctx, w, hc, url); err != nil {
+		return err
+	}
+	if err := demoConfidence(ctx, w, hc, srv); err != nil {
+		return err
+	}
+	if err := demoKVLeak(ctx, w, hc, srv, sims, url); err != nil {
+		return err
+	}
+	return demoStall(ctx, w, hc, srv, sims.small2, "http://"+sims.small2.addr)
+}
 
-	// Runaway: 8 streams told to loop after 40 tokens, 8 ordinary, at once; max_tokens 2048.
+// demoRunaway sends 8 streams told to loop after 40 tokens and 8 ordinary ones at once
+// (max_tokens 2048): the looping ones are cut, the ordinary ones are not.
+func demoRunaway(ctx context.Context, w io.Writer, hc *http.Client, url string) error {
 	const loops, ordinary, maxTokens = 8, 8, 2048
 	type result struct {
 		loop          bool
@@ -96,8 +109,12 @@ func demoOutputSide(ctx context.Context, w io.Writer, srv *proxy.Server, sims *d
 	}
 	fmt.Fprintf(w, "  runaway: %d of %d looping streams cut with finish_reason \"length\" after %d tokens on average (max_tokens %d; %v each, the upstream request cancelled); %d of %d ordinary answers cut\n",
 		cutLoops, loops, avg, maxTokens, (loopTime / time.Duration(max(cutLoops, 1))).Round(time.Millisecond), cutOrdinary, ordinary)
+	return nil
+}
 
-	// Confidence: the policy's reading of every streamed answer on the route so far.
+// demoConfidence prints the confidence policy's reading of every streamed answer on the
+// route so far.
+func demoConfidence(ctx context.Context, w io.Writer, hc *http.Client, srv *proxy.Server) error {
 	var view struct {
 		Policies []struct {
 			View struct {
@@ -129,8 +146,13 @@ func demoOutputSide(ctx context.Context, w io.Writer, srv *proxy.Server, sims *d
 				p.View.Sampled, p.View.StrippedEvents, se.Model, se.Tokens, mean, 100*float64(se.UnsureTokens)/float64(max(se.Tokens, 1)), se.Spans)
 		}
 	}
+	return nil
+}
 
-	// State: a KV-cache leak on the second server (60% of its cache held with nothing running).
+// demoKVLeak plants a KV-cache leak on the small model's second server (60% of its cache
+// held with nothing running): the gateway flags it, picks it less, and clears the flag once
+// the leak is freed.
+func demoKVLeak(ctx context.Context, w io.Writer, hc *http.Client, srv *proxy.Server, sims *demoSims, url string) error {
 	leaky := "http://" + sims.small2.addr
 	before, err := demoPicks(ctx, hc, srv, url, leaky, 40)
 	if err != nil {
@@ -154,7 +176,7 @@ func demoOutputSide(ctx context.Context, w io.Writer, srv *proxy.Server, sims *d
 	}
 	fmt.Fprintf(w, "  state: %s flagged on the second server %v after the leak began (effective weight %.2f); it served %d of 40 requests while flagged (%d of 40 before); cleared %v after the leak was freed\n",
 		strings.Join(flagged.Flags, ", "), took.Round(100*time.Millisecond), flagged.EffectiveWeight, during, before, time.Since(start).Round(100*time.Millisecond))
-	return demoStall(ctx, w, hc, srv, sims.small2, leaky)
+	return nil
 }
 
 // demoStall stalls the second server under its own traffic (sent to it directly, as other
