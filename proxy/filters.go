@@ -13,24 +13,29 @@ import (
 
 // The route's stream filters (policy.StreamFilter) watch each attempt's stream on its way to
 // the client: relayStream asks each for a watcher at the first event, shows every relayed
-// event to the watchers before it is written, and ends them when the stream ends. A mirrored
-// request's capture is a watcher too (shadow.Job), ahead of the filters. The tap (tokens,
-// TTFT, the end of the stream) and the resume capture stay in the relay itself: the relay's
-// own decisions (commit, resume, the in-band error) are made on the tap, and the resume
-// capture also keeps the events of a continuation that are not relayed (which no watcher
-// sees).
+// event to the watchers before it is written, and ends them when the stream ends. The
+// captures are watchers too, ahead of the filters: the resume capture (resumeCapture: the
+// text relayed so far, for a continuation) and a mirrored request's (shadow.Job). The tap
+// (tokens, TTFT, the end of the stream) stays the relay's own: the relay decides on it
+// (commit, the first token, resume, the in-band error) before and after the watchers run.
+// Stream faults stand in for the model server, so they act at the sender (send.go), on the
+// bytes the relay reads.
 
 // errFilterCut is the attempt context's cause when a stream filter ended the stream: the
 // upstream request is cancelled so that the model server frees the sequence.
 var errFilterCut = errors.New("a stream filter ended the stream")
 
-// watchStream starts the watchers of one attempt's stream: the mirrored copy's capture
-// first (it keeps each event as the model server sent it), then the route's stream filters.
+// watchStream starts the watchers of one attempt's stream: the resume capture and the
+// mirrored copy's capture first (they keep each event as the model server sent it), then the
+// route's stream filters.
 func (ex *exchange) watchStream() []policy.StreamWatcher {
-	if len(ex.filters) == 0 && ex.mirror == nil {
+	if len(ex.filters) == 0 && ex.mirror == nil && !ex.capture {
 		return nil
 	}
 	var ws []policy.StreamWatcher
+	if ex.capture {
+		ws = append(ws, resumeCapture{ex})
+	}
 	if ex.mirror != nil {
 		ws = append(ws, ex.mirror)
 	}
@@ -41,6 +46,20 @@ func (ex *exchange) watchStream() []policy.StreamWatcher {
 	}
 	return ws
 }
+
+// resumeCapture keeps what a resumable stream relayed (the text, whether a continuation can
+// carry it) and the first stream's chunk id, which a continuation's chunks are given.
+type resumeCapture struct{ ex *exchange }
+
+func (c resumeCapture) Event(ev policy.StreamEvent) policy.StreamAction {
+	c.ex.streamed.Add(ev.Data)
+	if c.ex.streamID == nil {
+		c.ex.streamID = chunkID(ev.Data) // the first stream's: a continuation's comes after it
+	}
+	return policy.StreamAction{}
+}
+
+func (resumeCapture) End() []policy.Class { return nil }
 
 // endWatch ends the watchers and keeps what they flagged for the Outcome.
 func (ex *exchange) endWatch(ws []policy.StreamWatcher) {

@@ -170,12 +170,6 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		if skip && (tap.TokenEvents > tokens || tap.Finished > finished || tap.HaveUsage != usage || ev.IsDone()) {
 			skip = false
 		}
-		if ex.capture {
-			ex.streamed.Add(ev.Data)
-			if !resumed && ex.streamID == nil {
-				ex.streamID = chunkID(ev.Data)
-			}
-		}
 		if !skip {
 			raw, replaced := ev.Raw, false
 			if len(watch) > 0 {
