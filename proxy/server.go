@@ -460,10 +460,14 @@ func (s *Server) Start() error {
 	s.shadow.sync(nil, &st, func() { s.state.Store(&st) })
 	s.started.Store(true) // under reloadMu: every generation applied from now on mirrors
 	s.reloadMu.Unlock()
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		s.judgeLoop(s.baseCtx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.memoryLoop(s.baseCtx)
 	}()
 	if !s.opts.AwaitConfig || s.applied.Load() {
 		s.ready.Store(true)

@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -451,5 +454,55 @@ func TestCopyHeadersShareNothing(t *testing.T) {
 	}
 	if v := attemptsValue(99); !reflect.DeepEqual(v, []string{"99"}) {
 		t.Errorf("attemptsValue(99) = %v", v)
+	}
+}
+
+func TestShouldRelease(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name string
+		m    memSample
+		last time.Time
+		want bool
+	}{
+		{"after a burst", memSample{inUse: 40 * mib, retained: 400 * mib}, time.Time{}, true},
+		{"steady load: free share small", memSample{inUse: 200 * mib, retained: 120 * mib}, time.Time{}, false},
+		{"little to return", memSample{inUse: 10 * mib, retained: 50 * mib}, time.Time{}, false},
+		{"released just now", memSample{inUse: 40 * mib, retained: 400 * mib}, t0.Add(-10 * time.Second), false},
+		{"released long ago", memSample{inUse: 40 * mib, retained: 400 * mib}, t0.Add(-time.Minute), true},
+	} {
+		if got := shouldRelease(tc.m, t0, tc.last); got != tc.want {
+			t.Errorf("%s: shouldRelease = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestReadMemAfterABurst: after a burst of goroutines and garbage, the retained free memory
+// readMem reports is what FreeOSMemory gives back.
+func TestReadMemAfterABurst(t *testing.T) {
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	sink := make([][]byte, 0, 2000)
+	var mu sync.Mutex
+	for range 2000 {
+		wg.Go(func() {
+			b := make([]byte, 64<<10)
+			mu.Lock()
+			sink = append(sink, b)
+			mu.Unlock()
+			<-stop
+		})
+	}
+	close(stop)
+	wg.Wait()
+	sink = nil
+	_ = sink
+	runtime.GC()
+	before := readMem()
+	debug.FreeOSMemory()
+	after := readMem()
+	if before.retained < 64<<20 || after.retained >= before.retained/4 {
+		t.Errorf("retained free memory %d MiB before FreeOSMemory, %d MiB after; want ≥ 64 MiB returned", before.retained>>20, after.retained>>20)
 	}
 }
