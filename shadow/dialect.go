@@ -19,11 +19,21 @@ type dialect struct {
 	// noLimit is the LIMIT that means none, for a LIMIT … OFFSET ("-1" in SQLite, "ALL" in
 	// PostgreSQL).
 	noLimit string
+	// tryLock takes a session-level advisory lock without waiting, answering whether it
+	// did (PostgreSQL's pg_try_advisory_lock); "" where the database has none (SQLite: one
+	// host's file, whose one control plane always leads: Leader).
+	tryLock string
+	// keepalive makes a session that holds a lock found dead within about half a minute
+	// when its peer vanishes without closing it ("" for none): the server's TCP
+	// keep-alives, which otherwise take hours, release the lock with the session.
+	keepalive string
 }
 
 var (
 	sqliteDialect   = dialect{name: "sqlite", noLimit: "-1"}
-	postgresDialect = dialect{name: "postgres", dollar: true, noLimit: "ALL"}
+	postgresDialect = dialect{name: "postgres", dollar: true, noLimit: "ALL", tryLock: "SELECT pg_try_advisory_lock(?)",
+		keepalive: "SELECT set_config('tcp_keepalives_idle', '10', false), set_config('tcp_keepalives_interval', '5', false), " +
+			"set_config('tcp_keepalives_count', '3', false)"}
 )
 
 // rebind turns the ? placeholders of q into the dialect's. The store's queries have no ?

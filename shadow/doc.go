@@ -58,6 +58,10 @@
 //     from any of them), and [Writer], which writes for a gateway without
 //     ever making it wait: it holds what the database cannot take yet, up
 //     to a bound, and counts what it drops.
+//   - leader.go: [Leader], a claim on a session-level advisory lock of a
+//     shared store, so that of the control planes sharing it one at a time
+//     runs the weight progression ([ProgressionLock]); a SQLite store's
+//     always leads.
 //
 // What does not exist here: the outbound request of a copy (the pick, the
 // model rewrite, chaos faults: the gateway's Sender, proxy/mirror.go), the

@@ -34,7 +34,7 @@ func newXDSFlags(stderr io.Writer) (*flag.FlagSet, *xdsServerFlags) {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text (key=value) or json (one object a line)")
 	shadowStore := fs.String("shadow-store", "", "the shadow store the replicas share (postgres://…): step the weights of routes with a mirror.progression by the fleet's verdicts (default: the file's shadow.store when it is a postgres URL)")
-	admin := fs.String("admin", "", "serve the control plane's status (GET /admin/xds: nodes, versions, progression) on this address; none when empty")
+	admin := fs.String("admin", "", "serve the control plane's status (GET /admin/xds: nodes, versions, progression, leader or follower) and Prometheus metrics (GET /metrics) on this address; none when empty")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: sluice xds --config FILE [--listen 127.0.0.1:18000] [--route-config NAME] [--shadow-store URL] [--admin ADDR]
 
@@ -43,8 +43,9 @@ ECDS) for a fleet of replicas started with 'sluice serve --xds ADDR'. When the f
 and is valid, a new snapshot is pushed to every replica; an invalid file is logged with every
 problem and the previous config keeps being served. With the fleet's shared shadow store it
 runs the weight progression of routes with a mirror.progression: promote steps the
-candidate's split up, rollback sets it to 0, pushed to every replica (docs/xds.md). Runs
-until SIGTERM or Ctrl-C.
+candidate's split up, rollback sets it to 0, pushed to every replica (docs/xds.md). Several
+control planes may share the store: one leads the progression, the others serve the weights
+it records there. Runs until SIGTERM or Ctrl-C.
 
 Flags:
 `)

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -275,19 +276,31 @@ type judged struct {
 	fleet     shadow.Fleet
 	took      time.Duration
 	err       error
+	// readFailed: err is the store's, reading the route's window (counted as a failed read).
+	readFailed bool
 }
 
 // judgeAll judges every route with a progression over the fleet's pairs and steps its weight;
 // it returns how many weights changed. Reading the store happens without the server's lock;
 // a file change meanwhile discards the round (the next one judges the new file).
+//
+// Only the leader judges (leading: of the control planes sharing a PostgreSQL store, the one
+// holding its progression lock; with a SQLite store, the one there is). A follower serves
+// the weights the leader's steps recorded in the store instead (followLeader), and changes
+// nothing in the store.
 func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
 	w := s.writer.Load()
 	if w == nil {
 		return 0
 	}
 	st := w.Store()
-	if st != nil && !s.restoreWeights(ctx, st) {
-		return 0 // judged from the file's weights, a step could undo what the store says
+	if st != nil {
+		if !s.leading(ctx, st) {
+			return s.followLeader(ctx, st)
+		}
+		if !s.restoreWeights(ctx, st) {
+			return 0 // judged from the file's weights, a step could undo what the store says
+		}
 	}
 	s.mu.Lock()
 	file, gen := s.file, s.gen
@@ -310,6 +323,7 @@ func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
 		rctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
 		j.fleet, j.err = st.FleetInput(rctx, r.Name, j.candidate, file.Shadow.Window, rateFreshness(file))
 		cancel()
+		j.readFailed = j.err != nil
 		if j.err == nil {
 			j.verdict, j.err = shadow.Evaluate(file.Shadow.Verdict, j.fleet.Input)
 		}
@@ -334,6 +348,9 @@ func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
 // with s.mu held). It reports whether the weight changed.
 func (s *Server) act(ctx context.Context, j judged, now time.Time) bool {
 	ps := s.state(j.route)
+	if j.readFailed {
+		s.readFailures[j.route]++
+	}
 	if j.err != nil {
 		ps.err = j.err.Error()
 		s.log.Warn("progression: fleet verdict not judged", "route", j.route, "err", j.err)
@@ -374,12 +391,13 @@ func (s *Server) act(ctx context.Context, j judged, now time.Time) bool {
 		return false
 	}
 	version := snapshotVersion(s.fileVersion, overlay, s.pushes+1)
-	if err := s.publish(ctx, eff, version); err != nil {
+	if err := s.publish(ctx, eff, version, pushProgression); err != nil {
 		ps.err = fmt.Sprintf("%s not pushed: %v", action, err)
 		s.log.Error("progression: snapshot not pushed", "route", j.route, "err", err)
 		return false
 	}
 	s.overlay, s.pushes = overlay, s.pushes+1
+	s.stepCounts[stepKey{j.route, j.verdict.Decision}]++
 	ps.stepped = now
 	ps.steps = append(ps.steps, Step{Time: now, Decision: j.verdict.Decision, Split: p.Split, From: cur, To: next, Version: version, Action: action})
 	if len(ps.steps) > maxSteps {
@@ -506,17 +524,43 @@ func recoverRoute(r config.Route, recs []shadow.VerdictRecord, full bool) (rec r
 }
 
 // restoreWeights recovers, once, each progressed route's weight from the steps recorded in
-// the store (recoverRoute) and serves them: the overlay the control plane had when it last
-// stopped. It reports whether that is done; until it is, judgeAll does not judge (a step
-// from the file's weight could undo a rollback or a promotion). Reading the store happens
-// without the server's lock; a file change meanwhile makes the next round try again.
+// the store (storedWeights) and serves them: the overlay the control plane had when it last
+// stopped, or the one the leader had when this control plane takes the lead over. It
+// reports whether that is done; until it is, judgeAll does not judge (a step from the file's
+// weight could undo a rollback or a promotion).
 func (s *Server) restoreWeights(ctx context.Context, st *shadow.Store) bool {
 	s.mu.Lock()
-	file, gen, done := s.file, s.gen, s.restored
+	done := s.restored
 	s.mu.Unlock()
 	if done {
 		return true
 	}
+	ok, _ := s.storedWeights(ctx, st, false)
+	return ok
+}
+
+// followLeader serves, as a follower, the weights the leader's steps recorded in the store
+// (storedWeights, every interval): the replicas connected to either control plane get the
+// same weights, at most an interval (and the leader's write) apart. It returns how many
+// weights changed.
+func (s *Server) followLeader(ctx context.Context, st *shadow.Store) int {
+	_, changed := s.storedWeights(ctx, st, true)
+	return changed
+}
+
+// storedWeights sets each progressed route's weight to the one the steps recorded in the
+// store set (recoverRoute): the newest step's weight when the route's rollout is traced back
+// to the file's weight, else the file's; and pushes a snapshot when a weight changes.
+// follow says who asks: a follower, every interval (it logs the weights that change), or a
+// control plane about to judge (it logs what it recovered, and reads no more once done:
+// Server.restored). It reports whether the store could be read (when not, it says why in
+// the routes' status and changes nothing), and how many weights changed. Reading the store
+// happens without the server's lock; a file change meanwhile makes the next round try
+// again.
+func (s *Server) storedWeights(ctx context.Context, st *shadow.Store, follow bool) (read bool, changed int) {
+	s.mu.Lock()
+	file, gen := s.file, s.gen
+	s.mu.Unlock()
 	found := map[string]recovery{}
 	var readErr error
 	failed := ""
@@ -538,62 +582,172 @@ func (s *Server) restoreWeights(ctx context.Context, st *shadow.Store) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.gen != gen {
-		return false
+		return false, 0
 	}
 	if readErr != nil {
+		s.readFailures[failed]++
+		what := "weight not recovered from the store yet"
+		if follow {
+			what = "the leader's weight not read from the store"
+		}
 		for _, r := range file.Routes {
 			if progressed(r) != nil {
-				s.state(r.Name).err = fmt.Sprintf("weight not recovered from the store yet: %v", readErr)
+				s.state(r.Name).err = fmt.Sprintf("%s: %v", what, readErr)
 			}
 		}
-		s.log.Warn("progression: the weights could not be recovered from the store; not judging until they are",
-			"route", failed, "err", readErr)
-		return false
+		if follow {
+			s.log.Warn("progression: the leader's weights could not be read from the store; serving the weights as they are",
+				"route", failed, "err", readErr)
+		} else {
+			s.log.Warn("progression: the weights could not be recovered from the store; not judging until they are",
+				"route", failed, "err", readErr)
+		}
+		return false, 0
 	}
-	overlay := map[string]int{}
-	for k, v := range s.overlay {
-		overlay[k] = v
-	}
-	var names []string
-	for name, rec := range found {
-		r := findRoute(file, name)
-		if rec.why != "" {
-			s.log.Info("progression: weight not recovered from the store", "route", name, "why", rec.why)
+	overlay := maps.Clone(s.overlay)
+	for _, r := range file.Routes {
+		if progressed(r) == nil {
 			continue
 		}
-		if fw, _ := weightOf(*r); fw == rec.weight {
-			delete(overlay, name)
-		} else {
-			overlay[name] = rec.weight
+		rec, ok := found[r.Name]
+		if ok && rec.why != "" && !follow {
+			s.log.Info("progression: weight not recovered from the store", "route", r.Name, "why", rec.why)
 		}
-		names = append(names, name)
+		fw, _ := weightOf(r)
+		if ok && rec.why == "" && rec.weight != fw {
+			overlay[r.Name] = rec.weight
+		} else {
+			delete(overlay, r.Name) // the file's
+		}
 	}
-	slices.Sort(names)
-	if len(overlay) > 0 {
+	before := s.served
+	if !maps.Equal(overlay, s.overlay) {
 		eff := withWeights(file, overlay)
 		err := eff.Validate()
 		version := snapshotVersion(s.fileVersion, overlay, s.pushes+1)
 		if err == nil {
-			err = s.publish(ctx, eff, version)
+			err = s.publish(ctx, eff, version, pushStore)
 		}
 		if err != nil {
 			// Not servable with the file as it is now (it changed elsewhere since: say, the
-			// route's other splits to 0): the file's weights, the rollouts starting afresh.
-			s.log.Error("progression: the weights recovered from the store refused; serving the file's", "err", err)
-			s.restored = true
-			return true
+			// route's other splits to 0): the weights served stay (at start the file's, the
+			// rollouts starting afresh).
+			s.log.Error("progression: the weights recovered from the store refused; serving the weights as they are", "err", err)
+			if !follow {
+				s.restored = true
+			}
+			return true, 0
 		}
 		s.overlay, s.pushes = overlay, s.pushes+1
 	}
-	for _, name := range names {
-		rec := found[name]
+	for _, r := range file.Routes {
+		if progressed(r) == nil {
+			continue
+		}
+		name := r.Name
 		ps := s.state(name)
+		from, _ := weightIn(before, name)
+		to, _ := weightIn(s.served, name)
+		if from != to {
+			changed++
+		}
+		rec, ok := found[name]
+		if !ok || rec.why != "" {
+			if ps.recovered || follow {
+				ps.stepped, ps.steps, ps.recovered = time.Time{}, nil, false
+			}
+			ps.err = ""
+			if follow && from != to {
+				s.log.Info("progression: the leader's weight served (the file's: the store has no step of its rollout)",
+					"route", name, "from", from, "to", to, "version", s.version)
+			}
+			continue
+		}
 		ps.stepped, ps.steps, ps.recovered, ps.err = rec.stepped, rec.steps, true, ""
-		s.log.Info("progression: weight recovered from the store", "route", name, "split", rec.steps[len(rec.steps)-1].Split,
-			"weight", rec.weight, "steps", len(rec.steps), "stepped_at", rec.stepped, "version", s.version)
+		head := rec.steps[len(rec.steps)-1]
+		switch {
+		case !follow:
+			s.log.Info("progression: weight recovered from the store", "route", name, "split", head.Split,
+				"weight", rec.weight, "steps", len(rec.steps), "stepped_at", rec.stepped, "version", s.version)
+		case from != to:
+			s.log.Info("progression: the leader's weight served", "route", name, "split", head.Split, "from", from, "to", to,
+				"action", head.Action, "stepped_at", rec.stepped, "version", s.version)
+		}
 	}
-	s.restored = true
-	return true
+	if !follow {
+		s.restored = true
+	}
+	return true, changed
+}
+
+// leading reports whether this control plane leads the progression: it holds the store's
+// progression lock (shadow.Leader, tried again each round; a SQLite store's one control
+// plane always leads). A change of role is logged and shown in the status; a control plane
+// that takes the lead over reads the weights from the store again before it judges, and one
+// that loses it forgets its verdicts (the leader's are in the store).
+func (s *Server) leading(ctx context.Context, st *shadow.Store) bool {
+	s.mu.Lock()
+	if s.lead == nil {
+		s.lead = st.Leader(shadow.ProgressionLock)
+	}
+	l := s.lead
+	s.mu.Unlock()
+	lctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
+	ok, err := l.Try(lctx)
+	cancel()
+	if ctx.Err() != nil {
+		return false // stopping: no change of role to tell
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was, prevErr := s.role, s.leadErr
+	s.leadErr = ""
+	if err != nil {
+		s.leadErr = err.Error()
+	}
+	switch {
+	case ok && was != RoleLeader:
+		s.role, s.leaderSince = RoleLeader, time.Now()
+		if was == RoleFollower {
+			s.restored = false // the leader's last steps are read before judging
+			s.log.Info("progression: leading: this control plane judges and steps the weights now (the previous leader stopped or lost the store)",
+				"store", shadow.RedactDSN(s.storeURL))
+		} else if st.Shared() {
+			s.log.Info("progression: leading: this control plane judges and steps the weights", "store", shadow.RedactDSN(s.storeURL))
+		}
+	case !ok && was != RoleFollower:
+		s.role, s.leaderSince = RoleFollower, time.Time{}
+		switch {
+		case was == RoleLeader:
+			for _, ps := range s.prog {
+				ps.verdict = nil
+			}
+			s.log.Warn("progression: not the leader any more: following the weights the leader records in the store", "err", err)
+		case err != nil:
+			s.log.Warn("progression: not leading: the store's progression lock could not be tried; following the weights recorded in the store", "err", err)
+		default:
+			s.log.Info("progression: following: another control plane leads; serving the weights it records in the store")
+		}
+	case err != nil && s.leadErr != prevErr:
+		s.log.Warn("progression: the store's progression lock could not be tried", "role", s.role, "err", err)
+	}
+	return ok
+}
+
+// releaseLead gives the progression lock up (Serve, stopping), after the steps held were
+// written: the control plane that leads next reads them.
+func (s *Server) releaseLead(ctx context.Context, w *shadow.Writer) {
+	s.mu.Lock()
+	l := s.lead
+	s.mu.Unlock()
+	if l == nil || !l.Held() {
+		return
+	}
+	if err := w.Flush(ctx); err != nil {
+		s.log.Warn("progression: steps not written before giving the lead up", "err", err)
+	}
+	l.Release()
+	s.log.Info("progression: the lead given up")
 }
 
 // state is route name's progression state, made when missing (called with s.mu held).

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,6 +333,15 @@ func TestProgressionStoreDown(t *testing.T) {
 
 func startServerWith(t *testing.T, opts Options) (*Server, string) {
 	t.Helper()
+	s, addr, _ := runServer(t, opts)
+	return s, addr
+}
+
+// runServer starts a Server on 127.0.0.1:0 and waits until it serves (with a store, judged
+// once); stop stops it (bounded: the test fails when Serve does not return), and runs when
+// the test ends if it was not called.
+func runServer(t *testing.T, opts Options) (_ *Server, addr string, stop func()) {
+	t.Helper()
 	s, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -343,43 +353,29 @@ func startServerWith(t *testing.T, opts Options) (*Server, string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Serve: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("Serve did not return")
 			}
-		case <-time.After(10 * time.Second):
-			t.Error("Serve did not return")
-		}
-	})
-	// Serve judges once before it serves: wait for it, as a replica's stream would.
-	deadline := time.Now().Add(10 * time.Second)
-	for opts.ShadowStore != "" && s.writer.Load() == nil || !serving(ln.Addr().String()) {
-		if time.Now().After(deadline) {
-			t.Fatal("Serve did not start within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
+		})
 	}
-	for opts.ShadowStore != "" && len(s.Status().Progression.Routes) > 0 && s.Status().Progression.Routes[0].Verdict == nil &&
-		s.Status().Progression.Routes[0].Error == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("no first judgement within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	t.Cleanup(stop)
+	// Serve judges (or follows) once before it serves: wait for it, as a replica's stream
+	// would.
+	select {
+	case <-s.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not start within 10s")
 	}
-	return s, ln.Addr().String()
-}
-
-// serving reports whether addr accepts a connection.
-func serving(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	_ = c.Close()
-	return true
+	return s, ln.Addr().String(), stop
 }
 
 func TestAdminHandler(t *testing.T) {
@@ -499,7 +495,7 @@ func BenchmarkPublish(b *testing.B) {
 		eff := withWeights(s.file, map[string]int{"chat": i % 30})
 		err := eff.Validate()
 		if err == nil {
-			err = s.publish(ctx, eff, snapshotVersion(s.fileVersion, map[string]int{"chat": 0}, i))
+			err = s.publish(ctx, eff, snapshotVersion(s.fileVersion, map[string]int{"chat": 0}, i), pushProgression)
 		}
 		s.mu.Unlock()
 		if err != nil {
@@ -530,7 +526,7 @@ routes:
 	// As a rollback would have left it.
 	s.mu.Lock()
 	s.overlay = map[string]int{"chat": 0}
-	err = s.publish(context.Background(), withWeights(s.file, s.overlay), snapshotVersion(s.fileVersion, s.overlay, 1))
+	err = s.publish(context.Background(), withWeights(s.file, s.overlay), snapshotVersion(s.fileVersion, s.overlay, 1), pushProgression)
 	s.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)

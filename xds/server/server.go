@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -79,10 +80,52 @@ type Server struct {
 	prog        map[string]*progressState // by route
 	restored    bool                      // the weights were recovered from the store's steps (restoreWeights)
 
+	// The progression's leadership (leading): lead is the store's progression lock (made
+	// when the store opened), role this control plane's ("" until then), leaderSince when it
+	// took the lead, leadErr why the lock could not be tried last.
+	lead        *shadow.Leader
+	role        string
+	leaderSince time.Time
+	leadErr     string
+
+	// Counters for the metrics (metrics.go).
+	published    map[string]int64  // snapshots pushed, by cause (pushConfig, …)
+	stepCounts   map[stepKey]int64 // weight steps made, by route and decision
+	readFailures map[string]int64  // by route: reads of its window or steps from the store that failed
+	metrics      http.Handler      // GET /metrics
+
 	// storeURL is the shared shadow store ("": no progression); writer, started by Serve,
 	// writes the control plane's verdicts to it and holds the store read.
 	storeURL string
 	writer   atomic.Pointer[shadow.Writer]
+	// started is closed when Serve serves: with a store, once it has judged (or, following,
+	// read the leader's weights) or the store did not open in time.
+	started     chan struct{}
+	startedOnce sync.Once
+}
+
+// The roles of a control plane in the progression (ProgressionStatus.Role).
+const (
+	// RoleLeader judges the fleet's verdicts and steps the weights (recording the steps in
+	// the store).
+	RoleLeader = "leader"
+	// RoleFollower serves the weights the leader's steps recorded in the store.
+	RoleFollower = "follower"
+)
+
+// The causes of a snapshot push, as the metrics count them.
+const (
+	pushConfig      = "config"      // the file changed
+	pushProgression = "progression" // a weight step of this control plane's
+	pushStore       = "store"       // weights read from the store's steps (recovered at start, or the leader's)
+)
+
+var pushCauses = []string{pushConfig, pushProgression, pushStore}
+
+// stepKey counts a route's weight steps by decision.
+type stepKey struct {
+	route    string
+	decision shadow.Decision
 }
 
 // fleet is the one snapshot key: every node gets the same resources.
@@ -108,8 +151,10 @@ func New(opts Options) (*Server, error) {
 	if opts.StoreWait <= 0 {
 		opts.StoreWait = storeWait
 	}
-	s := &Server{opts: opts, log: opts.Logger, streams: map[int64]string{}, overlay: map[string]int{}, prog: map[string]*progressState{}}
+	s := &Server{opts: opts, log: opts.Logger, streams: map[int64]string{}, overlay: map[string]int{}, prog: map[string]*progressState{},
+		published: map[string]int64{}, stepCounts: map[stepKey]int64{}, readFailures: map[string]int64{}, started: make(chan struct{})}
 	s.cache = cache.NewSnapshotCache(false, fleet{}, slogAdapter{opts.Logger})
+	s.metrics = s.metricsHandler()
 	if _, err := s.Reload(context.Background()); err != nil {
 		return nil, err
 	}
@@ -188,7 +233,7 @@ func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 		}
 	}
 	version := snapshotVersion(c.Version, overlay, s.pushes)
-	if err := s.publish(ctx, eff, version); err != nil {
+	if err := s.publish(ctx, eff, version, pushConfig); err != nil {
 		return false, err
 	}
 	s.content, s.file, s.fileVersion, s.overlay = data, c, c.Version, overlay
@@ -208,8 +253,9 @@ func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 	return true, nil
 }
 
-// publish makes eff, under version, the snapshot of every node (called with s.mu held).
-func (s *Server) publish(ctx context.Context, eff *config.Config, version string) error {
+// publish makes eff, under version, the snapshot of every node (called with s.mu held);
+// cause is why, as the metrics count it.
+func (s *Server) publish(ctx context.Context, eff *config.Config, version, cause string) error {
 	res, err := Resources(eff, s.opts.RouteConfig)
 	if err != nil {
 		return fmt.Errorf("config %s: %w", s.opts.ConfigPath, err)
@@ -223,6 +269,7 @@ func (s *Server) publish(ctx context.Context, eff *config.Config, version string
 		return fmt.Errorf("xds server: snapshot: %w", err)
 	}
 	s.current, s.version, s.served = snap, version, eff
+	s.published[cause]++
 	return nil
 }
 
@@ -297,6 +344,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		defer func() {
 			cctx, ccancel := context.WithTimeout(context.Background(), writerCloseWait)
 			defer ccancel()
+			s.releaseLead(cctx, w)
 			if err := w.Close(cctx); err != nil {
 				s.log.Warn("shadow store close", "err", err)
 			}
@@ -316,6 +364,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- gs.Serve(ln) }()
+	s.startedOnce.Do(func() { close(s.started) })
 	s.log.Info("xds control plane serving", "addr", ln.Addr().String(), "config", s.opts.ConfigPath, "version", s.Version())
 
 	var err error
@@ -344,7 +393,9 @@ func (s *Server) hasProgression() bool {
 // waits for it (at most Options.StoreWait), recovers the weights the steps recorded in the
 // store set (restoreWeights) and judges once: a control plane that restarts thus serves the
 // weights it had set (a promotion or a rollback), and a candidate the fleet's verdict rolls
-// back at weight 0, from its first snapshot, not the file's weights for an interval.
+// back at weight 0, from its first snapshot, not the file's weights for an interval. A
+// control plane that does not get the lead (another leads) serves the leader's weights from
+// its first snapshot instead.
 func (s *Server) startProgression(ctx context.Context) *shadow.Writer {
 	opened := make(chan struct{})
 	url := s.storeURL
@@ -362,12 +413,16 @@ func (s *Server) startProgression(ctx context.Context) *shadow.Writer {
 		return w
 	}
 	s.judgeAll(ctx, time.Now())
+	s.mu.Lock()
+	role := s.role
+	s.mu.Unlock()
 	s.log.Info("progression on: the fleet's verdicts step the weights of routes with a mirror.progression",
-		"store", shadow.RedactDSN(url), "version", s.Version())
+		"store", shadow.RedactDSN(url), "role", role, "version", s.Version())
 	return w
 }
 
-// progressLoop judges every shadow.interval (the served config's) until ctx ends.
+// progressLoop judges (or, following, reads the leader's weights) every shadow.interval
+// (the served config's) until ctx ends.
 func (s *Server) progressLoop(ctx context.Context) {
 	for {
 		s.mu.Lock()
