@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/shadow"
 )
@@ -105,7 +106,8 @@ func authorized(loopback bool) func(http.Handler) http.Handler {
 				got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 				if !ok || token == "" || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 					w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-xds"`)
-					http.Error(w, "admin API: missing or wrong bearer token (set via "+config.DefaultAdminTokenEnv+")", http.StatusUnauthorized)
+					openai.WriteError(w, openai.NewError(http.StatusUnauthorized, "authentication_error", "invalid_admin_token",
+						"admin API: missing or wrong bearer token (set via "+config.DefaultAdminTokenEnv+")"))
 					return
 				}
 			}

@@ -407,6 +407,12 @@ func TestAdminHandler(t *testing.T) {
 				t.Fatalf("status %d, want %d: %s", rec.Code, tc.want, rec.Body)
 			}
 			if tc.want != http.StatusOK {
+				var e struct {
+					Error struct{ Message, Type, Code string }
+				}
+				if json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != "invalid_admin_token" || e.Error.Type != "authentication_error" {
+					t.Errorf("a refusal not in OpenAI's error shape: %s", rec.Body)
+				}
 				return
 			}
 			var st Status
