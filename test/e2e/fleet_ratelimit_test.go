@@ -65,10 +65,18 @@ func startFleetLimits(t *testing.T) *fleetLimits {
 }
 
 // tenantsYAML is the file's tenants.
-func (l *fleetLimits) tenantsYAML() string { return l.tenants.YAML() }
+func (l *fleetLimits) tenantsYAML() string {
+	if l == nil {
+		return "" // a fleet file without limits
+	}
+	return l.tenants.YAML()
+}
 
 // clusterYAML is the limited routes' cluster.
 func (l *fleetLimits) clusterYAML() string {
+	if l == nil {
+		return ""
+	}
 	return fmt.Sprintf("  - {name: limited, endpoints: [{url: %s}], health_check: {disabled: true}}\n", l.upstream)
 }
 
@@ -76,6 +84,9 @@ func (l *fleetLimits) clusterYAML() string {
 // model fleet-requests counts requests, fleet-tokens tokens (hits: tokens), each in the
 // service only (no local limit).
 func (l *fleetLimits) routesYAML() string {
+	if l == nil {
+		return ""
+	}
 	var b strings.Builder
 	for _, r := range []struct{ budget, hits string }{{"requests", "requests"}, {"tokens", "tokens"}} {
 		fmt.Fprintf(&b, `  - name: limited-%[1]s

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,6 +28,7 @@ import (
 
 	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/test/sim"
+	xdsserver "github.com/sluicegw/sluice/xds/server"
 )
 
 // The observability files Sluice ships (deploy/observability.md).
@@ -617,8 +620,41 @@ func TestObservabilityQueriesExist(t *testing.T) {
 	cp.push(t, "1", resList(staticClusterOf(t, "a", xsim.URL), weightedRoute(nil, "a", 100)), "replica-obs")
 	eventually(t, 10*time.Second, "the xDS replica ready", func() bool { return readyz(t, hc, xg.admin) == http.StatusOK })
 
+	// The control plane (xds/server, what `sluice xds` runs) with a shadow store and a route
+	// with a progression, for its sluice_xds_* and store series (the alerts on the
+	// progression's leader and the fleet reads). A store file serves one host as a shared
+	// one would.
+	dir := t.TempDir()
+	cpFile := filepath.Join(dir, "fleet.yaml")
+	writeFileAtomic(t, cpFile, fleetFile(mainSim.URL, base.URL, cand.URL, backup.URL, "good", 10, nil))
+	cps, err := xdsserver.New(xdsserver.Options{ConfigPath: cpFile, ShadowStore: filepath.Join(dir, "shadow.db"), WatchInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpCtx, cpStop := context.WithCancel(context.Background())
+	cpDone := make(chan error, 1)
+	go func() { cpDone <- cps.Serve(cpCtx, cpLn) }()
+	t.Cleanup(func() {
+		cpStop()
+		select {
+		case <-cpDone:
+		case <-time.After(10 * time.Second):
+			t.Error("the control plane did not stop within 10s")
+		}
+	})
+	cpAdmin := httptest.NewServer(cps.AdminHandler("127.0.0.1:0"))
+	t.Cleanup(cpAdmin.Close)
+	cpAddr := strings.TrimPrefix(cpAdmin.URL, "http://")
+	eventually(t, 10*time.Second, "the control plane leads its progression", func() bool {
+		return metricValue(t, hc, cpAddr, "sluice_xds_progression_leader") == 1
+	})
+
 	ex := exposedSeries{}
-	for _, admin := range []string{g.admin, xg.admin} {
+	for _, admin := range []string{g.admin, xg.admin, cpAddr} {
 		resp, body := do(t, hc, http.MethodGet, "http://"+admin+"/metrics", "")
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("/metrics: %d", resp.StatusCode)
