@@ -710,6 +710,18 @@ func TestFallbackNotStarvedByRetryBudget(t *testing.T) {
 	}
 }
 
+// resumedRaw streams TestResume's request raw through g and returns its events.
+func resumedRaw(t *testing.T, g *gateway) []sseEvent {
+	t.Helper()
+	body := `{"model":"sim-llama","stream":true,"max_tokens":40,"ignore_eos":true,"temperature":0,` +
+		`"messages":[{"role":"user","content":"Tell me a long story about a lighthouse."}]}`
+	resp, raw := do(t, newHTTPClient(t), http.MethodPost, "http://"+g.addr+"/v1/chat/completions", body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, raw)
+	}
+	return parseSSE(raw)
+}
+
 // TestResume: a stream cut mid-way by the primary continues on the fallback (resume: true)
 // and the client gets one complete answer, word for word the uncut one; without resume the
 // same cut ends the stream with an in-band error.
@@ -773,13 +785,7 @@ func TestResume(t *testing.T) {
 	t.Run("raw chunks", func(t *testing.T) {
 		// The continuation's chunks carry the id of the stream the client already has.
 		g := startGateway(t, route(true))
-		body := `{"model":"sim-llama","stream":true,"max_tokens":40,"ignore_eos":true,"temperature":0,` +
-			`"messages":[{"role":"user","content":"Tell me a long story about a lighthouse."}]}`
-		resp, raw := do(t, newHTTPClient(t), http.MethodPost, "http://"+g.addr+"/v1/chat/completions", body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.StatusCode, raw)
-		}
-		evs := parseSSE(raw)
+		evs := resumedRaw(t, g)
 		text, done, chunks := streamText(t, evs)
 		if text != wantText || !done || chunks != 40 {
 			t.Errorf("resumed raw stream: %d content chunks, [DONE] %v, text %q; want 40, true, %q", chunks, done, text, wantText)
@@ -808,13 +814,7 @@ func TestResume(t *testing.T) {
     resume: true
     policies: [{type: confidence, params: {sample: 1}}]
 `, "primary", primary.URL, "backup", backup.URL))
-		body := `{"model":"sim-llama","stream":true,"max_tokens":40,"ignore_eos":true,"temperature":0,` +
-			`"messages":[{"role":"user","content":"Tell me a long story about a lighthouse."}]}`
-		resp, raw := do(t, newHTTPClient(t), http.MethodPost, "http://"+g.addr+"/v1/chat/completions", body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.StatusCode, raw)
-		}
-		evs := parseSSE(raw)
+		evs := resumedRaw(t, g)
 		text, done, chunks := streamText(t, evs)
 		if text != wantText || !done || chunks != 40 {
 			t.Errorf("resumed filtered stream: %d content chunks, [DONE] %v, text %q; want 40, true, %q", chunks, done, text, wantText)

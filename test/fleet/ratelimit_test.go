@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -237,7 +235,7 @@ routes:
 type replica struct {
 	srv         *proxy.Server
 	addr, admin string
-	logs        *syncBuffer
+	logs        *rlstest.LogBuffer
 }
 
 func startReplica(t *testing.T, yamlCfg string) *replica {
@@ -246,7 +244,7 @@ func startReplica(t *testing.T, yamlCfg string) *replica {
 	if err != nil {
 		t.Fatalf("config: %v\n%s", err, yamlCfg)
 	}
-	logs := &syncBuffer{}
+	logs := &rlstest.LogBuffer{}
 	srv, err := proxy.New(proxy.Options{
 		Config:  cfg,
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -391,25 +389,4 @@ func answeredAgain(t *testing.T, hc *http.Client, reps []*replica, tn rlstest.Te
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-}
-
-// syncBuffer is a goroutine-safe sink for a replica's log, kept for the failure log.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.buf.Len() > 1<<20 { // bounded: the head says why a replica failed
-		return len(p), nil
-	}
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

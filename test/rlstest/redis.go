@@ -15,7 +15,7 @@ import (
 type Redis struct {
 	bin, dir string
 	port     int
-	out      logBuffer // every run's output
+	out      LogBuffer // every run's output
 	p        *proc
 }
 

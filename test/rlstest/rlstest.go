@@ -72,13 +72,14 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// logBuffer is a goroutine-safe sink for a child's output, kept for the failure log.
-type logBuffer struct {
+// LogBuffer is a goroutine-safe sink for a child's (or a gateway's) output, kept for the
+// failure log; it keeps the first MiB.
+type LogBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
+func (b *LogBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.buf.Len() > 1<<20 { // bounded: the head says why a child failed
@@ -87,13 +88,13 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
-func (b *logBuffer) Len() int {
+func (b *LogBuffer) Len() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Len()
 }
 
-func (b *logBuffer) String() string {
+func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
@@ -103,14 +104,14 @@ func (b *logBuffer) String() string {
 type proc struct {
 	name  string
 	cmd   *exec.Cmd
-	out   *logBuffer
+	out   *LogBuffer
 	since int // out's length when this process started
 	done  chan struct{}
 	err   error // Wait's, once done is closed
 }
 
 // startProc starts bin with exactly env (nothing inherited), its output appended to out.
-func startProc(name, dir string, env []string, out *logBuffer, bin string, args ...string) (*proc, error) {
+func startProc(name, dir string, env []string, out *LogBuffer, bin string, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir, cmd.Env = dir, append([]string{}, env...) // never nil: nil would inherit
 	cmd.Stdout, cmd.Stderr = out, out

@@ -120,7 +120,7 @@ type Service struct {
 	bin, dir                  string
 	redis                     string
 	grpcPort, httpPort, debug int
-	out                       logBuffer // every run's output
+	out                       LogBuffer // every run's output
 	p                         *proc
 }
 
