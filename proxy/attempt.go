@@ -405,6 +405,9 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		out.ContentLength = r.ContentLength
 	}
 
+	if ex.idValue == nil {
+		ex.idValue = headerValue(ex.id) // an exchange not made by newExchange
+	}
 	out.Header["X-Request-Id"] = ex.idValue
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		if prior := out.Header.Get("X-Forwarded-For"); prior != "" {

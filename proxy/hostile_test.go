@@ -59,7 +59,11 @@ func post(t *testing.T, hc *http.Client, url, body string) (int, string) {
 // like any request; they are given back when it is answered, so batched traffic never uses up
 // limits.max_buffered_total.
 func TestBatchedAnswersGiveBackTheirBuffers(t *testing.T) {
+	var noID atomic.Int64 // merged requests that reached the server without an X-Request-Id
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Request-Id") == "" {
+			noID.Add(1)
+		}
 		b, _ := io.ReadAll(r.Body)
 		n := strings.Count(string(b), `"in-`)
 		w.Header().Set("Content-Type", "application/json")
@@ -102,6 +106,9 @@ routes:
 	wg.Wait()
 	if n := failed.Load(); n != 0 {
 		t.Fatalf("%d batched requests failed", n)
+	}
+	if n := noID.Load(); n != 0 {
+		t.Errorf("%d merged requests reached the model server without an X-Request-Id", n)
 	}
 	waitFor(t, "the answer buffers all given back", func() bool { return srv.buffers.used.Load() == 0 })
 }
