@@ -187,15 +187,17 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 
 // mirrorHeader is the copy's headers: the client's without hop-by-hop headers, anything
 // credential-like (Authorization, cookies, every *-Key and *-Token header, the admin token),
-// the chaos header and the configured strip list, plus the configured set list.
+// what an attempt never forwards either (the chaos headers, URL and host overrides) and the
+// configured strip list, plus the configured set list.
 func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 	h := make(http.Header, len(src))
 	copyHeaders(h, src)
 	stripCredentials(h) // a sandbox never sees the client's (send adds the cluster's own)
 	h.Del("Content-Length")
-	h.Del("Accept-Encoding") // the answer is read as the model server wrote it
-	h.Del(fault.Header)
-	h.Del(fault.HeaderToken)
+	h.Del("Accept-Encoding")           // the answer is read as the model server wrote it
+	for _, k := range neverForwarded { // Sluice's own (chaos) and URL-override headers, as for attempts
+		delete(h, k)
+	}
 	for _, k := range m.StripHeaders {
 		h.Del(k)
 	}

@@ -69,7 +69,7 @@ func TestMirrorHeaderAndQuery(t *testing.T) {
 		"Authorization": "Bearer x", "Cookie": "c=1", "X-Api-Key": "k", "Api-Key": "k", "X-Goog-Api-Key": "g",
 		"X-Auth-Token": "t", "Ocp-Apim-Subscription-Key": "o", "X-Sluice-Admin-Token": "a", "X-Sluice-Fault": "abort",
 		"X-Internal": "1", "Content-Type": "application/json", "X-Session-Id": "s1", "Traceparent": "00-1-2-01",
-		"Connection": "keep-alive", "Content-Length": "10",
+		"Connection": "keep-alive", "Content-Length": "10", "X-Original-Url": "/admin", "X-Forwarded-Host": "evil",
 	} {
 		src.Set(k, v)
 	}
