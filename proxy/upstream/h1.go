@@ -178,6 +178,7 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 		var early *http.Response
 		if isReset(werr) && ctx.Err() == nil {
 			_ = c.c.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+			b.recancel() // a cancel that came meanwhile still unblocks the read at once
 			if r, err := readHead(c, req); err == nil && !(c.reuse && r.StatusCode == http.StatusRequestTimeout) {
 				early = r
 			}
@@ -190,9 +191,8 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 			}
 			return fail(werr)
 		}
-		if !b.cancelled.Load() {
-			_ = c.c.SetReadDeadline(time.Time{}) // the body reads as any answer's (a cancel still unblocks it)
-		}
+		_ = c.c.SetReadDeadline(time.Time{}) // the body reads as any answer's
+		b.recancel()
 		early.Close = true // the connection is done with
 		return t.answer(b, c, req, early, fail)
 	}
@@ -207,6 +207,14 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 		return fail(err)
 	}
 	return t.answer(b, c, req, resp, fail)
+}
+
+// recancel puts the cancel's past deadline back on the connection if the request was
+// cancelled: a deadline set after the cancel fired must not outlive it.
+func (b *h1Body) recancel() {
+	if b.cancelled.Load() {
+		_ = b.c.c.SetDeadline(longAgo)
+	}
 }
 
 // earlyAnswerWait bounds reading an answer the server sent before it read the whole request.
