@@ -923,7 +923,7 @@ func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]Verdic
 // rollout's steps, kept in view however many verdicts followed them.
 func (s *Store) Steps(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
 	q := "SELECT id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance FROM verdicts" +
-		" WHERE route = ? AND action LIKE 'weight %' ORDER BY ts_ns DESC, id DESC LIMIT ?"
+		" WHERE route = ? AND " + stepAction + " ORDER BY ts_ns DESC, id DESC LIMIT ?"
 	rows, err := s.c().query(ctx, q, route, clampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("shadow store: steps: %w", err)
@@ -1031,8 +1031,18 @@ func (s *Store) Count(ctx context.Context, route string) (pairs, verdicts int64,
 	return pairs, verdicts, nil
 }
 
+// StepRetention is how many weight steps (verdicts whose action changed a weight, what Steps
+// reads) Prune keeps per route, apart from the route's other verdicts: a control plane
+// recovers its weights from them, so the fleet's every-interval verdicts must never push out
+// the first step of the rollout in progress. Steps are few (one per interval at most).
+var StepRetention = 10000
+
+// stepAction is the SQL test of a weight step's action (as Steps selects them).
+const stepAction = "action LIKE 'weight %'"
+
 // Prune keeps the newest keep pairs and the newest keep verdicts of route and deletes the
 // older ones; route "" prunes every route (keep per route). keep ≤ 0 deletes all of them.
+// Weight steps are counted apart, the newest StepRetention kept (none when keep ≤ 0).
 // Request rates older than RateRetention before the route's newest are deleted too.
 func (s *Store) Prune(ctx context.Context, route string, keep int) error {
 	routes := []string{route}
@@ -1044,12 +1054,19 @@ func (s *Store) Prune(ctx context.Context, route string, keep int) error {
 	}
 	keep = max(keep, 0)
 	for _, r := range routes {
-		for _, table := range []string{"pairs", "verdicts"} {
+		steps := StepRetention
+		if keep == 0 {
+			steps = 0
+		}
+		for _, p := range []struct {
+			table, which string
+			keep         int
+		}{{"pairs", "", keep}, {"verdicts", " AND NOT " + stepAction, keep}, {"verdicts", " AND " + stepAction, steps}} {
 			// The rows past the newest keep: usually few, found along the (route, ts_ns, id) index.
-			q := "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table +
-				" WHERE route = ? ORDER BY ts_ns DESC, id DESC LIMIT " + s.d.noLimit + " OFFSET ?)"
-			if _, err := s.c().exec(ctx, q, r, keep); err != nil {
-				return fmt.Errorf("shadow store: prune %s of %q: %w", table, r, err)
+			q := "DELETE FROM " + p.table + " WHERE id IN (SELECT id FROM " + p.table +
+				" WHERE route = ?" + p.which + " ORDER BY ts_ns DESC, id DESC LIMIT " + s.d.noLimit + " OFFSET ?)"
+			if _, err := s.c().exec(ctx, q, r, p.keep); err != nil {
+				return fmt.Errorf("shadow store: prune %s of %q: %w", p.table, r, err)
 			}
 		}
 		if _, err := s.c().exec(ctx, `DELETE FROM rates WHERE route = ? AND ts_ns < (SELECT MAX(ts_ns) FROM rates WHERE route = ?) - ?`,

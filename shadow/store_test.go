@@ -261,6 +261,51 @@ func TestStorePersistsAcrossReopen(t *testing.T) {
 	}
 }
 
+// TestPruneKeepsWeightSteps: the route's every-interval verdicts never push out its weight
+// steps (a control plane recovers its weights from the first step of the rollout on), which
+// are kept apart up to StepRetention; keep 0 deletes them too.
+func TestPruneKeepsWeightSteps(t *testing.T) {
+	ctx := context.Background()
+	s, err := OpenStore(ctx, ":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	defer func(n int) { StepRetention = n }(StepRetention)
+	StepRetention = 3
+	t0 := time.Now()
+	add := func(i int, action string) {
+		t.Helper()
+		if err := s.AddVerdict(ctx, VerdictRecord{Route: "chat", Time: t0.Add(time.Duration(i) * time.Millisecond),
+			Verdict: Verdict{Decision: Promote, Reason: "ok"}, Action: action, Instance: "sluice xds"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, w := range []int{0, 10, 20, 30} { // the rollout's steps, oldest first
+		add(i, fmt.Sprintf("weight cand %d→%d", w, w+10))
+	}
+	for i := range 50 { // then the fleet's verdicts, each interval
+		add(10+i, "")
+		add(100+i, "recommend cand weight 40→50 (the control plane owns the weights)")
+	}
+	if err := s.Prune(ctx, "chat", 5); err != nil {
+		t.Fatal(err)
+	}
+	steps, err := s.Steps(ctx, "chat", 100)
+	if err != nil || len(steps) != 3 || steps[2].Action != "weight cand 10→20" || steps[0].Action != "weight cand 30→40" {
+		t.Fatalf("steps after prune: %v (%v), want the newest 3 (StepRetention)", steps, err)
+	}
+	if _, vs, _ := s.Count(ctx, "chat"); vs != 5+3 {
+		t.Errorf("%d verdicts after prune, want 5 and the 3 steps", vs)
+	}
+	if err := s.Prune(ctx, "chat", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, vs, _ := s.Count(ctx, "chat"); vs != 0 {
+		t.Errorf("prune to 0 left %d verdicts", vs)
+	}
+}
+
 func TestStoreRefusesNewerSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "new.db")
