@@ -34,6 +34,9 @@ const Instance = "sluice xds"
 const (
 	// fleetReadTimeout bounds reading one route's fleet window from the store.
 	fleetReadTimeout = 5 * time.Second
+	// ownStepsWait bounds writing the control plane's own held steps before it reads the
+	// store's back.
+	ownStepsWait = 2 * time.Second
 	// storeWait is Options.StoreWait's default.
 	storeWait = 5 * time.Second
 	// writerCloseWait bounds writing the verdicts held when Serve returns.
@@ -290,8 +293,8 @@ type judged struct {
 // nothing in the store.
 func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
 	w := s.writer.Load()
-	if w == nil {
-		return 0
+	if w == nil || ctx.Err() != nil {
+		return 0 // stopping: neither judge nor follow (a failed read would be logged)
 	}
 	st := w.Store()
 	if st != nil {
@@ -564,7 +567,27 @@ func (s *Server) storedWeights(ctx context.Context, st *shadow.Store, follow boo
 	found := map[string]recovery{}
 	var readErr error
 	failed := ""
+	if w := s.writer.Load(); w != nil {
+		// Steps this control plane made and still holds (the store was down) must reach the
+		// store before it reads them back: else an older chain would undo its newest step
+		// (a rollback it has just pushed).
+		fctx, cancel := context.WithTimeout(ctx, ownStepsWait)
+		err := w.Flush(fctx)
+		cancel()
+		if err != nil {
+			readErr = fmt.Errorf("this control plane's own steps are not written yet: %w", err)
+			for _, r := range file.Routes {
+				if progressed(r) != nil {
+					failed = r.Name
+					break
+				}
+			}
+		}
+	}
 	for _, r := range file.Routes {
+		if readErr != nil {
+			break
+		}
 		if progressed(r) == nil {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -801,4 +802,46 @@ func TestProgressionWaitsForTheRecovery(t *testing.T) {
 			t.Errorf("after the recovery (nothing to recover) and a promote: %+v", rp)
 		}
 	})
+}
+
+// TestStoredWeightsWaitForOwnSteps: a control plane that still holds steps of its own (the
+// store took no writes for a while) does not read the store's steps back over them: the
+// store's older chain (0→10) must not undo the rollback (10→0) it has pushed and not yet
+// written. It serves its weights as they are until its own steps are written.
+func TestStoredWeightsWaitForOwnSteps(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
+	st, err := shadow.OpenStore(context.Background(), storePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	writeFile(t, file, progressConfig(t, "next", 0, 30, "embed"))
+	step := shadow.VerdictRecord{Route: "chat", CandidateID: "next", Instance: Instance, Time: time.Now().Add(-time.Minute),
+		Verdict: shadow.Verdict{Decision: shadow.Promote}, Action: "weight next 0→10"}
+	if err := st.AddVerdict(context.Background(), step); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{ConfigPath: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A writer whose store never answers, holding the rollback this control plane made.
+	w := shadow.StartWriter(func(context.Context) (*shadow.Store, error) { return nil, errors.New("store down") },
+		shadow.WriterConfig{MaxBytes: 1 << 20})
+	s.writer.Store(w)
+	held := step
+	held.Time, held.Verdict.Decision, held.Action = time.Now(), shadow.Rollback, "weight next 10→0"
+	w.AddVerdict(held)
+	read, changed := s.storedWeights(context.Background(), st, true)
+	if read || changed != 0 {
+		t.Errorf("with its own step held: read %v, %d weights changed; want the store not read over it", read, changed)
+	}
+	if rp := s.Status().Progression.Routes[0]; rp.Weight != 0 || !strings.Contains(rp.Error, "own steps are not written") {
+		t.Errorf("with its own step held: %+v", rp)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = w.Close(ctx) // what it holds is dropped (the store never answered)
 }
