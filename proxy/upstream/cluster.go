@@ -480,7 +480,7 @@ func (s *sharedTransport) acquire() bool {
 
 func (s *sharedTransport) release() {
 	if s.refs.Add(-1) == 0 {
-		s.rt.CloseIdleConnections() // and the fallback's
+		s.rt.close() // its idle connections, the fallback's, and those of answers in flight
 	}
 }
 

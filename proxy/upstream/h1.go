@@ -364,6 +364,16 @@ func (t *h1) put(c *h1Conn) {
 	t.idle[c.host] = append(t.idle[c.host], c)
 }
 
+// close closes the idle connections (the fallback's too), and every connection that goes idle
+// from now on: the answers still being read when the last cluster using the client closed
+// do not leave their connections in a pool nothing takes from again.
+func (t *h1) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.CloseIdleConnections()
+}
+
 // CloseIdleConnections closes the idle connections (the fallback's too).
 func (t *h1) CloseIdleConnections() {
 	t.mu.Lock()

@@ -493,3 +493,28 @@ func TestH1EarlyAnswer(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestH1ClosedKeepsNoConnection: an answer still being read when the client is closed (the
+// last cluster using it went) does not put its connection back in the pool: nothing would
+// ever take it again, and the model server would hold it open.
+func TestH1ClosedKeepsNoConnection(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("body"))
+	}))
+	defer srv.Close()
+	h, _ := countingH1(t)
+	resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, `{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.close()
+	if b := readAll(t, resp); b != "body" {
+		t.Fatalf("body %q, want %q", b, "body")
+	}
+	h.mu.Lock()
+	n := len(h.idle[strings.TrimPrefix(srv.URL, "http://")])
+	h.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d idle connections kept after close, want 0", n)
+	}
+}
