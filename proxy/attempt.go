@@ -405,10 +405,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		out.ContentLength = r.ContentLength
 	}
 
-	if ex.idValue == nil {
-		ex.idValue = headerValue(ex.id) // an exchange not made by newExchange
-	}
-	out.Header["X-Request-Id"] = ex.idValue
+	out.Header["X-Request-Id"] = ex.idHeader()
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		if prior := out.Header.Get("X-Forwarded-For"); prior != "" {
 			host = prior + ", " + host

@@ -22,7 +22,7 @@ func (h *Handler) batched(ctx context.Context, ex *exchange, st *state, rt *conf
 	status, hdr, body, err := bt.Do(ctx, preq.Request, preq.Tenant, func(sctx context.Context, merged []byte) (int, http.Header, []byte, error) {
 		// Runs on the batcher's goroutine, maybe after this caller is gone: only sub is used.
 		rec := &bufferWriter{header: http.Header{}}
-		sub := &exchange{w: rec, r: ex.r.WithContext(sctx), id: ex.id, idValue: ex.idValue, start: time.Now(), preq: preq, contBody: merged}
+		sub := &exchange{w: rec, r: ex.r.WithContext(sctx), id: ex.id, start: time.Now(), preq: preq, contBody: merged}
 		res := h.forward(sctx, sub, st, rt, plan)
 		sub.giveBack(&h.srv.buffers) // the answer is in rec now
 		if !sub.committed && res.fail != nil {

@@ -29,7 +29,7 @@ type exchange struct {
 	rc        *http.ResponseController // the client connection's deadlines
 	flusher   http.Flusher
 	id        string
-	idValue   []string // id as a header value, shared by the answer's and the upstream requests' headers
+	idValue   []string // id as a header value (idHeader), shared by the answer's and the upstream requests' headers
 	start     time.Time
 	preq      *policy.Request
 	committed bool // headers went to the client: no more retries, errors go in-band
@@ -77,8 +77,7 @@ func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *e
 	if ex.id == "" || len(ex.id) > 128 {
 		ex.id = newRequestID()
 	}
-	ex.idValue = headerValue(ex.id)
-	w.Header()["X-Request-Id"] = ex.idValue
+	w.Header()["X-Request-Id"] = ex.idHeader()
 	return ex
 }
 
@@ -276,7 +275,7 @@ func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 		h[k] = vs
 	}
 	h.Del("Content-Length")
-	h["X-Request-Id"] = ex.idValue // ours, even if the upstream answered with its own
+	h["X-Request-Id"] = ex.idHeader() // ours, even if the upstream answered with its own
 	h.Set("X-Sluice-Upstream", res.cluster)
 	h["X-Sluice-Attempts"] = attemptsValue(res.attempts)
 	ex.w.WriteHeader(status)
@@ -427,6 +426,15 @@ next:
 		pool = append(pool, vs...)
 		dst[k] = pool[start:len(pool):len(pool)]
 	}
+}
+
+// idHeader is the request id as a header value, made once per exchange (however the exchange
+// was built: the batcher makes its own).
+func (ex *exchange) idHeader() []string {
+	if ex.idValue == nil {
+		ex.idValue = headerValue(ex.id)
+	}
+	return ex.idValue
 }
 
 // headerValue is a header's value list of v alone, capped so that an Add never writes into it:
