@@ -197,11 +197,9 @@ func optString(c *cur) ([]byte, bool) {
 
 // responseMeta reads a Responses event's response object for its id, model and created_at.
 func responseMeta(c *cur, m *DeltaMeta) {
-	if c.peek() != '{' {
-		c.skip(nil)
+	if !c.enter('{') {
 		return
 	}
-	c.i++
 	for first := true; ; {
 		key, esc, ok := c.member(&first)
 		if !ok {
@@ -223,11 +221,9 @@ func responseMeta(c *cur, m *DeltaMeta) {
 
 // deltaChoices reads a chunk's choices array; false when yield stopped the scan.
 func deltaChoices(c *cur, yield func(TextDelta) bool) bool {
-	if c.peek() != '[' {
-		c.skip(nil)
+	if !c.enter('[') {
 		return true
 	}
-	c.i++
 	for pos, first := 0, true; c.elem(&first); pos++ {
 		if c.peek() != '{' {
 			c.skip(nil)
@@ -313,11 +309,9 @@ func yieldString(c *cur, index int, f DeltaField, yield func(TextDelta) bool) bo
 
 // chatDelta reads a chat delta: content, reasoning, refusal, tool calls' arguments.
 func chatDelta(c *cur, index int, yield func(TextDelta) bool) bool {
-	if c.peek() != '{' {
-		c.skip(nil)
+	if !c.enter('{') {
 		return true
 	}
-	c.i++
 	for first := true; ; {
 		key, esc, ok := c.member(&first)
 		if !ok {
@@ -333,11 +327,9 @@ func chatDelta(c *cur, index int, yield func(TextDelta) bool) bool {
 		case "refusal":
 			cont = yieldString(c, index, FieldRefusal, yield)
 		case "tool_calls":
-			if c.peek() != '[' {
-				c.skip(nil)
+			if !c.enter('[') {
 				continue
 			}
-			c.i++
 			cont = true
 			for f2 := true; cont && c.elem(&f2); {
 				cont = callArguments(c, index, true, yield)
@@ -357,11 +349,9 @@ func chatDelta(c *cur, index int, yield func(TextDelta) bool) bool {
 // callArguments yields the arguments of a tool call ({"function":{...}} when wrapped) or of a
 // function call ({"name":...,"arguments":...}).
 func callArguments(c *cur, index int, wrapped bool, yield func(TextDelta) bool) bool {
-	if c.peek() != '{' {
-		c.skip(nil)
+	if !c.enter('{') {
 		return true
 	}
-	c.i++
 	for first := true; ; {
 		key, esc, ok := c.member(&first)
 		if !ok {

@@ -156,11 +156,9 @@ func (s *LogprobScanner) scan(data []byte, visit func(TokenLogprob), body bool) 
 // choices reads a choices array: each choice's logprobs, once its index is known (vLLM sends
 // index first, but a choice's members may come in any order).
 func (s *LogprobScanner) choices(c *cur, visit func(TokenLogprob)) int {
-	if c.peek() != '[' {
-		c.skip(nil)
+	if !c.enter('[') {
 		return 0
 	}
-	c.i++
 	n := 0
 	for first, pos := true, 0; c.elem(&first); pos++ {
 		if c.peek() != '{' {
@@ -190,8 +188,7 @@ func (s *LogprobScanner) choices(c *cur, visit func(TokenLogprob)) int {
 					// The index came first (as vLLM sends it): read the value in place.
 					n += choiceLogprobs(c, index, visit)
 					if c.ok() {
-						start, end = at, c.i
-						s.spans = append(s.spans, span{start, end})
+						s.spans = append(s.spans, span{at, c.i})
 					}
 					start = -1
 					continue
@@ -300,18 +297,11 @@ func completionLogprobs(b []byte, tokStart, topStart, choice int, visit func(Tok
 // tokenList reads a list of token objects ({token, logprob, bytes, top_logprobs}: chat's
 // content and refusal, the Responses API's logprobs) and visits each token.
 func tokenList(c *cur, choice int, visit func(TokenLogprob)) int {
-	if c.peek() != '[' {
-		c.skip(nil)
+	if !c.enter('[') {
 		return 0
 	}
-	c.i++
 	n := 0
-	for first := true; c.elem(&first); {
-		if c.peek() != '{' {
-			c.skip(nil)
-			continue
-		}
-		c.i++
+	for first := true; c.nextObject(&first); {
 		t := TokenLogprob{Choice: choice, Logprob: math.NaN()}
 		var a alts
 		a.reset()
@@ -343,17 +333,10 @@ func tokenList(c *cur, choice int, visit func(TokenLogprob)) int {
 
 // topList reads a token's top_logprobs ([{token, logprob, bytes}]) into a.
 func topList(c *cur, a *alts) {
-	if c.peek() != '[' {
-		c.skip(nil)
+	if !c.enter('[') {
 		return
 	}
-	c.i++
-	for first := true; c.elem(&first); {
-		if c.peek() != '{' {
-			c.skip(nil)
-			continue
-		}
-		c.i++
+	for first := true; c.nextObject(&first); {
 		for f2 := true; ; {
 			key, esc, ok := c.member(&f2)
 			if !ok {
@@ -391,37 +374,52 @@ func skipBytes(c *cur) {
 	c.skip(nil)
 }
 
+// enter steps into the value at the cursor when it opens with open ('{' or '['); any other
+// value is skipped, and enter reports false.
+func (c *cur) enter(open byte) bool {
+	if c.peek() != open {
+		c.skip(nil)
+		return false
+	}
+	c.i++
+	return true
+}
+
+// nextObject steps into the next element of the array whose '[' has been consumed that is an
+// object, skipping elements of any other kind: false at the closing ']' or on a syntax error.
+// first must start true for each array.
+func (c *cur) nextObject(first *bool) bool {
+	for c.elem(first) {
+		if c.b[c.i] == '{' { // elem leaves the cursor at the element, white space skipped
+			c.i++
+			return true
+		}
+		c.skip(nil)
+	}
+	return false
+}
+
 // responsesOutput reads a Responses body's output items: the logprobs of their content
 // parts (output_text parts carry them; other parts and items have none).
 func responsesOutput(c *cur, visit func(TokenLogprob)) int {
-	if c.peek() != '[' {
-		c.skip(nil)
+	if !c.enter('[') {
 		return 0
 	}
-	c.i++
 	n := 0
-	for first := true; c.elem(&first); {
-		if c.peek() != '{' {
-			c.skip(nil)
-			continue
-		}
-		c.i++
+	for first := true; c.nextObject(&first); {
 		for f2 := true; ; {
 			key, esc, ok := c.member(&f2)
 			if !ok {
 				break
 			}
-			if !equalString(key, esc, "content") || c.peek() != '[' {
+			if !equalString(key, esc, "content") {
 				c.skip(nil)
 				continue
 			}
-			c.i++
-			for f3 := true; c.elem(&f3); {
-				if c.peek() != '{' {
-					c.skip(nil)
-					continue
-				}
-				c.i++
+			if !c.enter('[') {
+				continue
+			}
+			for f3 := true; c.nextObject(&f3); {
 				for f4 := true; ; {
 					key, esc, ok := c.member(&f4)
 					if !ok {
