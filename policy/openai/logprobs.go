@@ -374,31 +374,6 @@ func skipBytes(c *cur) {
 	c.skip(nil)
 }
 
-// enter steps into the value at the cursor when it opens with open ('{' or '['); any other
-// value is skipped, and enter reports false.
-func (c *cur) enter(open byte) bool {
-	if c.peek() != open {
-		c.skip(nil)
-		return false
-	}
-	c.i++
-	return true
-}
-
-// nextObject steps into the next element of the array whose '[' has been consumed that is an
-// object, skipping elements of any other kind: false at the closing ']' or on a syntax error.
-// first must start true for each array.
-func (c *cur) nextObject(first *bool) bool {
-	for c.elem(first) {
-		if c.b[c.i] == '{' { // elem leaves the cursor at the element, white space skipped
-			c.i++
-			return true
-		}
-		c.skip(nil)
-	}
-	return false
-}
-
 // responsesOutput reads a Responses body's output items: the logprobs of their content
 // parts (output_text parts carry them; other parts and items have none).
 func responsesOutput(c *cur, visit func(TokenLogprob)) int {
