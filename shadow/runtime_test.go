@@ -32,12 +32,6 @@ func (f *fakeSender) SendCopy(ctx context.Context, j *Job, cluster, model, role 
 	return Answer{Status: 200, Text: "the answer is forty two", FinishReason: "stop", OutputTokens: 5}, 1
 }
 
-func (f *fakeSender) sent() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.calls)
-}
-
 const primaryBody = `{"choices":[{"index":0,"message":{"role":"assistant","content":"the answer is forty two"},"finish_reason":"stop"}],"usage":{"completion_tokens":5}}`
 
 func testRequest(t *testing.T, session string) *policy.Request {
@@ -107,14 +101,14 @@ func TestMirrorComparesWhoeverFinishesLast(t *testing.T) {
 			close(snd.gate)
 		} else {
 			close(snd.gate)
+			// The worker is done first: the handler must hand the triple to a comparer.
 			deadline := time.Now().Add(5 * time.Second)
-			for m.Counters().Started == 0 || snd.sent() == 0 {
+			for !j.sandboxDoneForTest() {
 				if time.Now().After(deadline) {
-					t.Fatal("the copy was not sent")
+					t.Fatal("the sandbox side did not finish")
 				}
 				time.Sleep(time.Millisecond)
 			}
-			time.Sleep(20 * time.Millisecond) // the sandbox is in first (most likely)
 			j.PrimaryDone(policy.Outcome{Status: 200}, &openai.Tap{}, false)
 		}
 		rec := waitRecord(t, recs)
@@ -228,4 +222,11 @@ func TestMirrorIncompleteAndDropped(t *testing.T) {
 	}
 	close(snd.gate)
 	first.PrimaryDone(policy.Outcome{Status: 499, ErrorClass: policy.ClassClientCancel}, nil, false)
+}
+
+// sandboxDoneForTest reports whether the worker is done with the job.
+func (j *Job) sandboxDoneForTest() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.sandboxIn
 }

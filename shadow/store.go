@@ -910,37 +910,22 @@ func scanPair(rows *sql.Rows) (PairRecord, error) {
 // Pairs returns up to limit pairs of route ("" for every route), newest first (limit ≤ 0:
 // DefaultQueryLimit; at most MaxQueryLimit).
 func (s *Store) Pairs(ctx context.Context, route string, limit int) ([]PairRecord, error) {
-	return newest(ctx, s.c(), "pairs", pairSelect, route, limit, scanPair)
+	return newest(ctx, s.c(), "pairs", pairSelect, route, "", limit, scanPair)
 }
 
 // Verdicts returns up to limit verdicts of route ("" for every route), newest first.
 func (s *Store) Verdicts(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
-	return newest(ctx, s.c(), "verdicts", "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance", route, limit, scanVerdict)
+	return newest(ctx, s.c(), "verdicts", verdictCols, route, "", limit, scanVerdict)
 }
 
-// Steps returns up to limit verdicts of route that changed a weight (their action starts
-// "weight ": a gateway's own progression, or the control plane's), newest first: the
-// rollout's steps, kept in view however many verdicts followed them.
+// verdictCols are the columns scanVerdict reads.
+const verdictCols = "id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance"
+
+// Steps returns up to limit verdicts of route ("" for every route) that changed a weight
+// (their action starts "weight ": a gateway's own progression, or the control plane's),
+// newest first: the rollout's steps, kept in view however many verdicts followed them.
 func (s *Store) Steps(ctx context.Context, route string, limit int) ([]VerdictRecord, error) {
-	q := "SELECT id, route, ts_ns, decision, reason, evidence, pairs, replicas, action, candidate, instance FROM verdicts" +
-		" WHERE route = ? AND " + stepAction + " ORDER BY ts_ns DESC, id DESC LIMIT ?"
-	rows, err := s.c().query(ctx, q, route, clampLimit(limit))
-	if err != nil {
-		return nil, fmt.Errorf("shadow store: steps: %w", err)
-	}
-	defer rows.Close()
-	var out []VerdictRecord
-	for rows.Next() {
-		v, err := scanVerdict(rows)
-		if err != nil {
-			return nil, fmt.Errorf("shadow store: steps: %w", err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("shadow store: steps: %w", err)
-	}
-	return out, nil
+	return newest(ctx, s.c(), "verdicts", verdictCols, route, stepAction, limit, scanVerdict)
 }
 
 func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
@@ -961,13 +946,21 @@ func scanVerdict(rows *sql.Rows) (VerdictRecord, error) {
 	return v, nil
 }
 
-// newest runs SELECT cols FROM table [WHERE route = ?] newest first, scanning each row.
-func newest[T any](ctx context.Context, db conn, table, cols, route string, limit int, scan func(*sql.Rows) (T, error)) ([]T, error) {
+// newest runs SELECT cols FROM table [WHERE route = ?] [AND cond] newest first, scanning
+// each row.
+func newest[T any](ctx context.Context, db conn, table, cols, route, cond string, limit int, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	q := "SELECT " + cols + " FROM " + table
+	var where []string
 	args := []any{}
 	if route != "" {
-		q += " WHERE route = ?"
+		where = append(where, "route = ?")
 		args = append(args, route)
+	}
+	if cond != "" {
+		where = append(where, cond)
+	}
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	q += " ORDER BY ts_ns DESC, id DESC LIMIT ?"
 	args = append(args, clampLimit(limit))

@@ -30,6 +30,15 @@ const (
 
 var writerKinds = []string{KindPair, KindVerdict, KindRate, KindPrune}
 
+// The kinds of writeOp, indexes of writerKinds.
+const (
+	opPair = iota
+	opVerdict
+	opRate
+	opPrune
+	opKinds // how many
+)
+
 // WriterConfig configures a Writer.
 type WriterConfig struct {
 	// MaxBytes bounds the records held while the store cannot take them
@@ -96,7 +105,7 @@ type Writer struct {
 	done     chan struct{}
 
 	written, failed, retries atomic.Int64
-	dropped                  [4]atomic.Int64 // by kind, in the order of writerKinds
+	dropped                  [opKinds]atomic.Int64 // by kind, in the order of writerKinds
 	connected                atomic.Bool
 	state                    atomic.Pointer[writerState]
 }
@@ -108,7 +117,7 @@ type writerState struct {
 }
 
 type writeOp struct {
-	kind    int // index in writerKinds
+	kind    int // opPair…, the index of its name in writerKinds
 	key     string
 	size    int64
 	pair    PairRecord
@@ -141,7 +150,7 @@ func (w *Writer) AddPair(r PairRecord) bool { return w.AddPairSession(r, "") }
 // keyed hash (Store.SessionHash, in the store's key), which needs the store open. False
 // when it was dropped.
 func (w *Writer) AddPairSession(r PairRecord, session string) bool {
-	return w.add(&writeOp{kind: 0, size: pairSize(r) + int64(len(session)), pair: r, session: session})
+	return w.add(&writeOp{kind: opPair, size: pairSize(r) + int64(len(session)), pair: r, session: session})
 }
 
 // SetMaxBytes changes the bound of what the writer holds (≤ 0: DefaultWriterBytes); what
@@ -158,19 +167,19 @@ func (w *Writer) SetMaxBytes(n int64) {
 // AddVerdict queues a verdict; false when it was dropped.
 func (w *Writer) AddVerdict(v VerdictRecord) bool {
 	size := int64(writerRecordOverhead + len(v.Verdict.Reason) + len(v.Action) + 512*len(v.Verdict.Evidence))
-	return w.add(&writeOp{kind: 1, size: size, verdict: v})
+	return w.add(&writeOp{kind: opVerdict, size: size, verdict: v})
 }
 
 // AddRate queues the instance's latest rates of a route; a newer one replaces one still
 // waiting. False when it was dropped.
 func (w *Writer) AddRate(r RateRecord) bool {
-	return w.add(&writeOp{kind: 2, key: "rate\x00" + r.Route + "\x00" + r.CandidateID, size: writerRecordOverhead, rate: r})
+	return w.add(&writeOp{kind: opRate, key: "rate\x00" + r.Route + "\x00" + r.CandidateID, size: writerRecordOverhead, rate: r})
 }
 
 // Prune queues a Store.Prune of route keeping keep (one waiting for the route is
 // replaced). False when it was dropped.
 func (w *Writer) Prune(route string, keep int) bool {
-	return w.add(&writeOp{kind: 3, key: "prune\x00" + route, size: writerRecordOverhead, route: route, keep: keep})
+	return w.add(&writeOp{kind: opPrune, key: "prune\x00" + route, size: writerRecordOverhead, route: route, keep: keep})
 }
 
 func pairSize(r PairRecord) int64 {
@@ -341,16 +350,16 @@ func (w *Writer) openStore() (*Store, error) {
 func (w *Writer) apply(st *Store, op *writeOp) error {
 	ctx, cancel := context.WithTimeout(w.hard, w.cfg.Timeout)
 	defer cancel()
-	switch writerKinds[op.kind] {
-	case KindPair:
+	switch op.kind {
+	case opPair:
 		r := op.pair
 		if op.session != "" {
 			r.Session = st.SessionHash(op.session)
 		}
 		return st.AddPair(ctx, r)
-	case KindVerdict:
+	case opVerdict:
 		return st.AddVerdict(ctx, op.verdict)
-	case KindRate:
+	case opRate:
 		w.mu.Lock() // AddRate may replace it meanwhile
 		r := op.rate
 		w.mu.Unlock()

@@ -113,17 +113,10 @@ type progressState struct {
 }
 
 // identityOf names what a route's mirror compares, exactly as the replicas name it in the
-// store (proxy's identityOf): the candidate cluster, "/model" when the mirror rewrites the
-// model, and " vs baseline" with one.
+// store: the mirror's shadow.Settings.Identity (the candidate cluster, "/model" when the
+// mirror rewrites the model, and " vs baseline" with one).
 func identityOf(m *config.Mirror) string {
-	id := m.Cluster
-	if m.Model != "" {
-		id += "/" + m.Model
-	}
-	if m.Baseline != "" {
-		id += " vs " + m.Baseline
-	}
-	return id
+	return (&shadow.Settings{Cluster: m.Cluster, Model: m.Model, Baseline: m.Baseline}).Identity()
 }
 
 // progressed reports the route's progression (nil without one).
@@ -377,10 +370,7 @@ func (s *Server) act(ctx context.Context, j judged, now time.Time) bool {
 	if next == cur {
 		return false
 	}
-	overlay := map[string]int{}
-	for k, v := range s.overlay {
-		overlay[k] = v
-	}
+	overlay := maps.Clone(s.overlay)
 	if fw, _ := weightOf(*r); fw == next {
 		delete(overlay, j.route) // back at the file's weight
 	} else {

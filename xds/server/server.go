@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -229,7 +230,7 @@ func (s *Server) Reload(ctx context.Context) (changed bool, err error) {
 			// The file's weights with the control plane's break a rule (say, every split at
 			// 0): the file's own win.
 			s.log.Warn("progression: the file's new config refuses the control plane's weights; serving the file's", "err", err)
-			dropped, overlay, eff = append(dropped, keys(overlay)...), map[string]int{}, c
+			dropped, overlay, eff = append(dropped, slices.Sorted(maps.Keys(overlay))...), map[string]int{}, c
 		}
 	}
 	version := snapshotVersion(c.Version, overlay, s.pushes)
@@ -271,15 +272,6 @@ func (s *Server) publish(ctx context.Context, eff *config.Config, version, cause
 	s.current, s.version, s.served = snap, version, eff
 	s.published[cause]++
 	return nil
-}
-
-func keys(m map[string]int) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // seen records a stream's node the first time the stream asks for anything.
