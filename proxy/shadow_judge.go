@@ -16,11 +16,7 @@ import (
 // judgeLoop judges every mirrored route each shadow.interval until ctx ends.
 func (s *Server) judgeLoop(ctx context.Context) {
 	for {
-		d := s.Config().Shadow.Interval.D()
-		if d <= 0 {
-			d = config.DefaultShadowInterval
-		}
-		t := time.NewTimer(d)
+		t := time.NewTimer(s.Config().Shadow.JudgeInterval())
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -105,22 +101,12 @@ func (sh *shadowing) judgeInput(ctx context.Context, mr *mirrorRoute, c *config.
 	}
 	ctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
 	defer cancel()
-	f, err := st.FleetInput(ctx, mr.Name(), mr.Identity(), c.Shadow.Window, rateFreshness(c))
+	f, err := st.FleetInput(ctx, mr.Name(), mr.Identity(), c.Shadow.Window, c.Shadow.RateFreshness())
 	if err != nil {
 		sh.srv.log.Warn("shadow fleet pairs not read; judging this gateway's own", "route", mr.Name(), "err", err)
 		return local(shadow.ScopeInstance)
 	}
 	return judgement{in: f.Input, pairs: f.Pairs, replicas: f.Replicas, scope: shadow.ScopeFleet, sources: f.Sources}
-}
-
-// rateFreshness is how far behind the newest an instance's rates may be and still count in
-// the fleet's: three verdict intervals.
-func rateFreshness(c *config.Config) time.Duration {
-	d := c.Shadow.Interval.D()
-	if d <= 0 {
-		d = config.DefaultShadowInterval
-	}
-	return 3 * d
 }
 
 // recordRates hands the route's request rates just measured to a shared store's writer (the

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -502,3 +503,16 @@ func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
 
 // Reveal returns the value, for the one place that sends it.
 func (s Secret) Reveal() string { return string(s) }
+
+// JudgeInterval is shadow.interval, its default where unset: how often verdicts are judged.
+func (s *Shadow) JudgeInterval() time.Duration {
+	if d := s.Interval.D(); d > 0 {
+		return d
+	}
+	return DefaultShadowInterval
+}
+
+// RateFreshness is how far behind the newest an instance's request rates may be and still
+// count in the fleet's: three verdict intervals. Replicas and the control plane judge with
+// the same figure, so the fleet's verdict is the same from any of them.
+func (s *Shadow) RateFreshness() time.Duration { return 3 * s.JudgeInterval() }

@@ -54,7 +54,7 @@ func (s *Server) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Status{Version: s.version, FileVersion: s.fileVersion, Config: s.opts.ConfigPath, RouteConfig: s.opts.RouteConfig,
-		Nodes: s.nodesLocked(), Progression: ProgressionStatus{Interval: config.Duration(judgeInterval(s.file)), Routes: s.progressStatus()}}
+		Nodes: s.nodesLocked(), Progression: ProgressionStatus{Interval: config.Duration(s.file.Shadow.JudgeInterval()), Routes: s.progressStatus()}}
 	if s.storeURL != "" {
 		st.Progression.On, st.Progression.Store, st.Progression.Instance = true, shadow.RedactDSN(s.storeURL), Instance
 		if w := s.writer.Load(); w != nil {

@@ -250,20 +250,6 @@ func snapshotVersion(fileVersion string, overlay map[string]int, pushes int) str
 	return fileVersion + "+p" + strconv.Itoa(pushes)
 }
 
-// rateFreshness is how far behind the newest an instance's rates may be and still count in
-// the fleet's: three verdict intervals, as the replicas judge.
-func rateFreshness(c *config.Config) time.Duration {
-	return 3 * judgeInterval(c)
-}
-
-// judgeInterval is the served config's shadow.interval.
-func judgeInterval(c *config.Config) time.Duration {
-	if d := c.Shadow.Interval.D(); d > 0 {
-		return d
-	}
-	return config.DefaultShadowInterval
-}
-
 // judged is one route's fleet verdict, read and computed outside the server's lock.
 type judged struct {
 	route     string
@@ -317,7 +303,7 @@ func (s *Server) judgeAll(ctx context.Context, now time.Time) int {
 		}
 		t0 := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, fleetReadTimeout)
-		j.fleet, j.err = st.FleetInput(rctx, r.Name, j.candidate, file.Shadow.Window, rateFreshness(file))
+		j.fleet, j.err = st.FleetInput(rctx, r.Name, j.candidate, file.Shadow.Window, file.Shadow.RateFreshness())
 		cancel()
 		j.readFailed = j.err != nil
 		if j.err == nil {

@@ -418,7 +418,7 @@ func (s *Server) startProgression(ctx context.Context) *shadow.Writer {
 func (s *Server) progressLoop(ctx context.Context) {
 	for {
 		s.mu.Lock()
-		d := judgeInterval(s.file)
+		d := s.file.Shadow.JudgeInterval()
 		s.mu.Unlock()
 		t := time.NewTimer(d)
 		select {
