@@ -143,11 +143,18 @@ func newBenchServer(b *testing.B, upstreamURL string, upstream http.RoundTripper
 // newBenchServerClient is newBenchServer with the clusters' http_client set (a fake upstream
 // is registered on net/http's Transport, so it needs "net/http").
 func newBenchServerClient(b *testing.B, upstreamURL string, upstream http.RoundTripper, client string) *Server {
+	return newBenchServerWith(b, upstreamURL, upstream, client, "")
+}
+
+// newBenchServerWith is newBenchServerClient with the API listener's server too
+// (config.Config.HTTPServer).
+func newBenchServerWith(b *testing.B, upstreamURL string, upstream http.RoundTripper, client, server string) *Server {
 	b.Helper()
 	cfg, err := config.FromUpstreams("127.0.0.1:0", "127.0.0.1:0", []string{upstreamURL}, "")
 	if err != nil {
 		b.Fatal(err)
 	}
+	cfg.HTTPServer = server
 	if upstream != nil {
 		client = "net/http"
 	}
@@ -363,9 +370,9 @@ func BenchmarkRequestLoopback(b *testing.B) {
 			run(b, up.URL)
 		}
 	})
-	for _, hc := range []string{"sluice", "net/http"} {
-		b.Run("client="+strings.ReplaceAll(hc, "/", ""), func(b *testing.B) {
-			srv := newBenchServerClient(b, up.URL, nil, hc)
+	for _, sc := range []struct{ server, client string }{{"sluice", "sluice"}, {"net/http", "sluice"}, {"net/http", "net/http"}} {
+		b.Run("server="+strings.ReplaceAll(sc.server, "/", "")+",client="+strings.ReplaceAll(sc.client, "/", ""), func(b *testing.B) {
+			srv := newBenchServerWith(b, up.URL, nil, sc.client, sc.server)
 			if err := srv.Start(); err != nil {
 				b.Fatal(err)
 			}
@@ -385,7 +392,8 @@ func BenchmarkRequestLoopback(b *testing.B) {
 }
 
 // BenchmarkRelayLoop is relayStream's per-event work, one event per iteration, on an
-// endless stream of token chunks arriving one per Read.
+// endless stream of token chunks arriving one per Read: reading the event, the tap's scan
+// (which is also the chunk check), writing and flushing.
 func BenchmarkRelayLoop(b *testing.B) {
 	evs := renderChatStream(64)[1:65] // token chunks only
 	steps := []struct {
@@ -411,8 +419,8 @@ func BenchmarkRelayLoop(b *testing.B) {
 					b.Fatal(err)
 				}
 				now := time.Now()
-				if s.observe {
-					tap.Observe(ev, now)
+				if s.observe && !tap.ObserveChunk(ev, now) {
+					b.Fatal("chunk refused")
 				}
 				if s.writeIt {
 					if _, err := w.Write(ev.Raw); err != nil {

@@ -123,7 +123,10 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 	ev, held, err := firstEvent(rd)
 	t1 := time.Now()
 	res.wait += t1.Sub(t0)
-	if err == nil && !wellFormed(ev) {
+	// The tap's scan of each event is also its check: a chunk the client cannot decode is
+	// never relayed (and not counted).
+	marks := markTap(tap)
+	if err == nil && !tap.ObserveChunk(ev, t1) {
 		err = errMalformedEvent
 	}
 	if err != nil {
@@ -141,9 +144,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		defer func() { ex.endWatch(watch) }()
 	}
 	for {
-		tokens, errored, finished, usage := tap.TokenEvents, tap.ErrorSeen, tap.Finished, tap.HaveUsage
-		tap.Observe(ev, t1)
-		if tap.ErrorSeen && !errored {
+		if tap.ErrorSeen && !marks.errored {
 			if !ex.committed {
 				// The model server's first word is an error: answer it as one.
 				streamErrorAnswer(ev, ep, res)
@@ -167,7 +168,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		// A continuation's events before its first token (its role chunk) are not relayed:
 		// the client has them. Anything more is: a token, a finish (a continuation may end at
 		// once), its usage, its [DONE].
-		if skip && (tap.TokenEvents > tokens || tap.Finished > finished || tap.HaveUsage != usage || ev.IsDone()) {
+		if skip && (tap.TokenEvents > marks.tokens || tap.Finished > marks.finished || tap.HaveUsage != marks.usage || ev.IsDone()) {
 			skip = false
 		}
 		if !skip {
@@ -200,7 +201,8 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		ev, err = rd.Next()
 		t1 = time.Now()
 		res.wait += t1.Sub(t0)
-		if err == nil && !wellFormed(ev) {
+		marks = markTap(tap)
+		if err == nil && !tap.ObserveChunk(ev, t1) {
 			err = errMalformedEvent // never relay a chunk the client cannot decode
 		}
 		if err != nil {
@@ -213,6 +215,17 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		wd.beat()
 	}
 	h.endStream(ctx, ex, err, ep, res)
+}
+
+// tapMarks are what the tap had counted before an event: what the event added tells the
+// relay whether it is an error, a token, a finish or a usage.
+type tapMarks struct {
+	tokens, finished int
+	errored, usage   bool
+}
+
+func markTap(t *openai.Tap) tapMarks {
+	return tapMarks{tokens: t.TokenEvents, finished: t.Finished, errored: t.ErrorSeen, usage: t.HaveUsage}
 }
 
 // endStream ends an attempt's stream the relay stopped reading with err (io.EOF at its

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -133,19 +134,37 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
+// shortString is scanString's common case inline: a string without escapes whose closing
+// quote is within the eight bytes after the opening one (object keys, finish reasons,
+// small tokens). ok is false for anything else, which scanString then scans.
+func shortString(b []byte, i int) (end int, ok bool) {
+	if i+9 <= len(b) {
+		m := specialMask(binary.LittleEndian.Uint64(b[i+1:]))
+		end = i + 2 + bits.TrailingZeros64(m)>>3
+		ok = m != 0 && b[end-1] == '"'
+	}
+	return end, ok
+}
+
 // scanString scans the string starting at b[i] == '"'. It returns the index just past the
 // closing quote and whether the string contains escapes; on a syntax error, msg is set and
 // end is the offset of the error.
 func scanString(b []byte, i int) (end int, esc bool, msg string) {
 	i++
 	for {
-		// Fast path: plain bytes, eight at a time, then one at a time up to the special one.
-		for i+8 <= len(b) && !hasSpecial(binary.LittleEndian.Uint64(b[i:])) {
+		// Fast path: eight bytes at a time, straight to the first special one; the last
+		// few bytes of the buffer one at a time.
+		for i+8 <= len(b) {
+			if m := specialMask(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				goto special
+			}
 			i += 8
 		}
 		for i < len(b) && class[b[i]]&clsSpecial == 0 {
 			i++
 		}
+	special:
 		if i >= len(b) {
 			return i, esc, errEOF
 		}
@@ -180,20 +199,34 @@ func scanString(b []byte, i int) (end int, esc bool, msg string) {
 }
 
 // hasSpecial reports whether any of the eight bytes in x is '"', '\\' or below 0x20.
-func hasSpecial(x uint64) bool {
+func hasSpecial(x uint64) bool { return specialMask(x) != 0 }
+
+// specialMask has the high bit of each byte of x (little-endian: the first byte in memory
+// is the lowest) that is '"', '\\' or below 0x20 set, and may have false ones above the
+// first: its lowest set bit marks the first special byte exactly (a false mark needs a
+// borrow, and only a special byte below it borrows).
+func specialMask(x uint64) uint64 {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	q := x ^ (lo * '"')
 	s := x ^ (lo * '\\')
-	return ((q-lo)&^q|(s-lo)&^s|(x-lo*0x20)&^x)&hi != 0
+	return ((q-lo)&^q | (s-lo)&^s | (x-lo*0x20)&^x) & hi
 }
 
 // scanStringStats is scanString that also counts the decoded text into st, in the same pass.
 // When ts is non-nil, the decoded text is also fed to ts (which measures its depth), in the
 // same pass: bytes that cannot change ts's state are skipped as fast as without it.
 func scanStringStats(b []byte, i int, st *textStats, ts *textScanner) (end int, esc bool, msg string) {
+	var add textStats
+	end, esc, msg = scanStringCount(b, i, &add, ts)
+	st.chars += add.chars
+	st.weight += add.weight
+	return end, esc, msg
+}
+
+// scanStringCount is scanStringStats's scan, counting into its own (zeroed) add.
+func scanStringCount(b []byte, i int, add *textStats, ts *textScanner) (end int, esc bool, msg string) {
 	i++
 	chars, weight := 0, 0
-	defer func() { st.chars += chars; st.weight += weight }()
 	for {
 		switch {
 		case ts == nil:
@@ -218,14 +251,17 @@ func scanStringStats(b []byte, i int, st *textStats, ts *textScanner) (end int, 
 			}
 		}
 		if i >= len(b) {
+			add.chars, add.weight = chars, weight
 			return i, esc, errEOF
 		}
 		switch c := b[i]; {
 		case c == '"':
+			add.chars, add.weight = chars, weight
 			return i + 1, esc, ""
 		case c == '\\':
 			esc = true
 			if i+1 >= len(b) {
+				add.chars, add.weight = chars, weight
 				return i + 1, esc, errEOF
 			}
 			switch b[i+1] {
@@ -233,13 +269,16 @@ func scanStringStats(b []byte, i int, st *textStats, ts *textScanner) (end int, 
 			case 'u':
 				for k := 2; k < 6; k++ {
 					if i+k >= len(b) {
+						add.chars, add.weight = chars, weight
 						return i + k, esc, errEOF
 					}
 					if unhex(b[i+k]) < 0 {
+						add.chars, add.weight = chars, weight
 						return i + k, esc, errEscape
 					}
 				}
 			default:
+				add.chars, add.weight = chars, weight
 				return i + 1, esc, errEscape
 			}
 			r, n := decodeEscape(b, i)
@@ -250,6 +289,7 @@ func scanStringStats(b []byte, i int, st *textStats, ts *textScanner) (end int, 
 			}
 			i = n
 		case c < 0x20:
+			add.chars, add.weight = chars, weight
 			return i, esc, errControl
 		default: // only with ts: '{' or '[', or any byte while ts needs every one
 			k := class[c]
@@ -1085,6 +1125,9 @@ func (c *cur) ok() bool { return c.msg == "" }
 
 // peek skips white space and returns the next byte (0 at the end).
 func (c *cur) peek() byte {
+	if c.i < len(c.b) && c.b[c.i] > ' ' {
+		return c.b[c.i] // compact JSON: no white space to skip
+	}
 	c.i = skipSpace(c.b, c.i)
 	if c.i < len(c.b) {
 		return c.b[c.i]
@@ -1132,10 +1175,13 @@ func (c *cur) member(first *bool) (key []byte, esc bool, ok bool) {
 		return nil, false, false
 	}
 	start := c.i
-	end, esc, msg := scanString(c.b, c.i)
-	if msg != "" {
-		c.fail(end, msg)
-		return nil, false, false
+	end, short := shortString(c.b, c.i)
+	if !short {
+		var msg string
+		if end, esc, msg = scanString(c.b, c.i); msg != "" {
+			c.fail(end, msg)
+			return nil, false, false
+		}
 	}
 	c.i = end
 	if c.peek() != ':' {

@@ -117,6 +117,29 @@ func (t *Tap) Observe(ev Event, now time.Time) {
 	t.observe(ev.Data, now)
 }
 
+// ObserveChunk is Observe for a stream event the caller relays only if it can be: no data,
+// [DONE], or a whole JSON object (WellFormedChunk). It reports whether the event can be
+// relayed; one that cannot leaves the tap as it was. The tap's own scan validates as it
+// reads, so a whole object costs that one scan: WellFormedChunk runs only on data the scan
+// did not read to its end as JSON (it is more lenient about the spelling of numbers and
+// literals, such as a NaN).
+func (t *Tap) ObserveChunk(ev Event, now time.Time) bool {
+	if ev.Data == nil || ev.IsDone() {
+		t.Observe(ev, now)
+		return true
+	}
+	saved := *t
+	t.Events++
+	if string(ev.Name) == "error" {
+		t.ErrorSeen = true
+	}
+	if t.observe(ev.Data, now) || WellFormedChunk(ev.Data) {
+		return true
+	}
+	*t = saved
+	return false
+}
+
 // ObserveBody takes a complete non-streaming answer into account at time now: usage,
 // finish_reason, and the content for the estimate when there is no usage. It counts as one
 // event, and as a token event at now if the answer has content.
@@ -263,10 +286,13 @@ func statusKind(raw []byte, esc bool) int {
 // or body ({"object":"response","status":...,"output":[...],"usage":{...}}). The type of
 // a Responses event may come after its other fields (vLLM sends the fields in
 // alphabetical order), so what they say is kept and applied at the end.
-func (t *Tap) observe(data []byte, now time.Time) {
+//
+// It reports whether data is one whole JSON object (white space around it aside), valid as
+// encoding/json would have it.
+func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 	c := cur{b: data}
 	if c.peek() != '{' {
-		return
+		return false
 	}
 	c.i++
 	var (
@@ -346,6 +372,7 @@ func (t *Tap) observe(data []byte, now time.Time) {
 			c.skip(nil)
 		}
 	}
+	whole = c.ok() && skipSpace(data, c.i) == len(data)
 	switch kind {
 	case rNone:
 		if isRsp {
@@ -376,7 +403,7 @@ func (t *Tap) observe(data []byte, now time.Time) {
 		t.Seq = max(t.Seq, seq+1)
 	}
 	if st.chars == 0 && !output {
-		return
+		return whole
 	}
 	t.TokenEvents++
 	t.weight += st.weight
@@ -393,6 +420,7 @@ func (t *Tap) observe(data []byte, now time.Time) {
 	if !t.HaveUsage {
 		t.Tokens = max(t.TokenEvents, (t.weight+unitsPT-1)/unitsPT)
 	}
+	return whole
 }
 
 func (t *Tap) choices(c *cur, st *textStats, output *bool) {

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -655,4 +656,95 @@ func TestTapResponsesAllocs(t *testing.T) {
 			t.Errorf("%s: %v allocations per event", d, a)
 		}
 	}
+}
+
+// TestTapObserveChunk: the tap's scan is the relay's chunk check. Each case is an event
+// after a role chunk; a refused one leaves the tap as it was (a truncated finish chunk must
+// not count as a finish the client never got).
+func TestTapObserveChunk(t *testing.T) {
+	role := Event{Data: []byte(`{"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)}
+	for _, tc := range []struct {
+		name, data string
+		ok         bool
+	}{
+		{"token", `{"id":"c1","choices":[{"index":0,"delta":{"content":" blue"},"finish_reason":null}]}`, true},
+		{"spaced", ` { "choices" : [ { "delta" : { "content" : "x" } } ] } ` + "\r\n", true},
+		{"finish", `{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, true},
+		{"NaN logprob (lenient: relayed)", `{"choices":[{"delta":{"content":"x"},"logprobs":{"content":[{"token":"x","logprob":NaN}]}}]}`, true},
+		{"not an object", `[1,2]`, false},
+		{"truncated finish", `{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}`, false},
+		{"truncated usage", `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2`, false},
+		{"two objects", `{"choices":[]}{"choices":[]}`, false},
+		{"trailing comma", `{"choices":[{"delta":{"content":"x"}}],}`, false},
+		{"control byte in a string", "{\"choices\":[{\"delta\":{\"content\":\"a\x01\"}}]}", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tap Tap
+			now := time.Unix(100, 0)
+			if !tap.ObserveChunk(role, now) {
+				t.Fatal("role chunk refused")
+			}
+			before := tap
+			ev := Event{Data: []byte(tc.data)}
+			ok := tap.ObserveChunk(ev, now.Add(time.Second))
+			if ok != tc.ok {
+				t.Fatalf("ObserveChunk = %v, want %v", ok, tc.ok)
+			}
+			if ok != WellFormedChunk(ev.Data) {
+				t.Fatalf("ObserveChunk = %v, WellFormedChunk = %v", ok, !ok)
+			}
+			if !ok && tap != before {
+				t.Fatalf("a refused chunk changed the tap:\n%+v\nwas\n%+v", tap, before)
+			}
+			if ok && tap.Events != before.Events+1 {
+				t.Fatalf("Events %d, want %d", tap.Events, before.Events+1)
+			}
+		})
+	}
+	var tap Tap
+	for _, ev := range []Event{{}, {Data: []byte("[DONE]")}} {
+		if !tap.ObserveChunk(ev, time.Unix(1, 0)) {
+			t.Fatalf("%q refused", ev.Data)
+		}
+	}
+	if !tap.Done {
+		t.Fatal("[DONE] not seen")
+	}
+}
+
+// FuzzTapObserveChunk: the verdict is WellFormedChunk's on any data (the tap's scan only
+// saves the second pass), a chunk the tap's scan reads as whole is valid JSON, and a refused
+// chunk leaves the tap as it was.
+func FuzzTapObserveChunk(f *testing.F) {
+	files, _ := filepath.Glob(filepath.Join("testdata", "*.sse"))
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for line := range bytes.SplitSeq(b, []byte("\n")) {
+			if d, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
+				f.Add(d)
+			}
+		}
+	}
+	f.Add([]byte(`{"a":1,}`))
+	f.Add([]byte(`{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}],"usage":{"completion_tokens":1e3}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var tap Tap
+		whole := tap.observe(data, time.Unix(0, 0))
+		if whole && !json.Valid(data) {
+			t.Fatalf("the tap read %q as whole; json.Valid refuses it", data)
+		}
+		tap = Tap{}
+		tap.ObserveChunk(Event{Data: []byte(`{"id":"x","choices":[]}`)}, time.Unix(0, 0))
+		before := tap
+		ok := tap.ObserveChunk(Event{Data: data}, time.Unix(1, 0))
+		if want := WellFormedChunk(data) || bytes.Equal(data, []byte("[DONE]")); ok != want {
+			t.Fatalf("ObserveChunk(%q) = %v, WellFormedChunk says %v", data, ok, want)
+		}
+		if !ok && tap != before {
+			t.Fatalf("refused %q changed the tap", data)
+		}
+	})
 }
