@@ -23,6 +23,7 @@ import (
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/http1"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
@@ -69,6 +70,7 @@ type Server struct {
 	ln, adminLn   net.Listener
 	apiLn         atomic.Pointer[limitListener] // the API listener's connection bounds
 	http, admin   *http.Server
+	api           apiServer // serves the API listener: http, or the own HTTP/1.1 server in front of it
 	certs         *certReloader
 	wg            sync.WaitGroup
 	stopWatch     context.CancelFunc
@@ -428,11 +430,21 @@ func (s *Server) Start() error {
 		protos.SetUnencryptedHTTP2(true) // h2c with prior knowledge
 	}
 	s.admin = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	s.api = s.http
+	if ownServer(c) {
+		// The gateway's own HTTP/1.1 server on the connection's goroutine; net/http's
+		// serves what it hands over (h2c, unusual requests, errors) with the settings above.
+		s.api = &http1.Server{
+			Handler: s.http.Handler, Fallback: s.http, BaseContext: s.baseCtx,
+			ReadHeaderTimeout: s.http.ReadHeaderTimeout, IdleTimeout: s.http.IdleTimeout,
+			WatchAfter: watchAfter, Log: s.log,
+		}
+	}
 
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
-		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.api.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("gateway listener stopped", "err", err)
 		}
 	}()
@@ -483,6 +495,21 @@ const (
 	h2PingAfter   = 30 * time.Second
 	h2PingTimeout = 15 * time.Second
 )
+
+// watchAfter is how long a request runs on the own HTTP/1.1 server before the connection is
+// watched for the client going away (see http1.Server.WatchAfter): the longest a client
+// that left goes unseen, and short against any model's answer.
+const watchAfter = 2 * time.Millisecond
+
+// ownServer reports whether c's API listener is served by the own HTTP/1.1 server.
+func ownServer(c *config.Config) bool { return !c.TLS.Enabled() && c.HTTPServer != "net/http" }
+
+// apiServer is what serves the API listener: net/http's server, or the own HTTP/1.1 one.
+type apiServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
 
 // connectionBounds are the API listener's bounds now: limits.max_connections (by default
 // three quarters of the open-file limit, the rest left to the admin listener, upstream
@@ -636,6 +663,9 @@ func restartProblems(c, oc *config.Config) error {
 	if c.Limits.MaxHeaderBytes != oc.Limits.MaxHeaderBytes {
 		p = append(p, "limits.max_header_bytes: changing it needs a restart")
 	}
+	if ownServer(c) != ownServer(oc) {
+		p = append(p, "http_server: changing the listener's server needs a restart")
+	}
 	if len(p) > 0 {
 		return &config.ValidationError{Problems: p}
 	}
@@ -733,14 +763,14 @@ func (s *Server) shutdown(ctx context.Context) error {
 	if s.stopWatch != nil {
 		s.stopWatch()
 	}
-	err := s.http.Shutdown(ctx)
+	err := s.api.Shutdown(ctx)
 	if err != nil {
 		s.log.Warn("drain deadline passed; cancelling requests still in flight", "err", err)
 		s.cancelBase(errShutdown)
 		grace, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = s.http.Shutdown(grace)
+		_ = s.api.Shutdown(grace)
 		cancel()
-		_ = s.http.Close()
+		_ = s.api.Close()
 	}
 	s.cancelBase(errShutdown)
 	actx, cancel := context.WithTimeout(context.Background(), time.Second)

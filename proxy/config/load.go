@@ -323,6 +323,11 @@ func (c *Config) checkListeners(add problemf) {
 	if err := checkHostPort(c.Listen); err != nil {
 		add("listen: %v", err)
 	}
+	switch c.HTTPServer {
+	case "", "sluice", "net/http":
+	default:
+		add("http_server: %q is not a server (sluice, net/http)", c.HTTPServer)
+	}
 	if err := checkHostPort(c.Admin.Listen); err != nil {
 		add("admin.listen: %v", err)
 	} else if !c.Remote && !IsLoopback(c.Admin.Listen) && os.Getenv(c.Admin.TokenEnv) == "" {

@@ -28,6 +28,10 @@ type Config struct {
 	Listen string `yaml:"listen" json:"listen"`
 	// TLS enables TLS on the listener; the files are re-read when they change.
 	TLS ListenerTLS `yaml:"tls" json:"tls"`
+	// HTTPServer is the server of the plain (not TLS) listener: "sluice" (default), the
+	// gateway's own HTTP/1.1 server, which hands h2c and unusual requests to net/http's; or
+	// "net/http" for net/http's alone. A TLS listener is always net/http's. Fixed at start.
+	HTTPServer string `yaml:"http_server" json:"http_server,omitempty"`
 	// MaxBodyBytes bounds a request body; larger requests get 413.
 	MaxBodyBytes ByteSize `yaml:"max_body_bytes" json:"max_body_bytes"`
 	// MaxEventBytes bounds one SSE event relayed from an upstream.

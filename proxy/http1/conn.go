@@ -1,0 +1,396 @@
+package http1
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// maxDiscard is how much of a body the handler left unread the server reads and drops to
+// keep the connection (net/http's figure); past it the connection closes.
+const maxDiscard = 256 << 10
+
+var longAgo = time.Unix(1, 0)
+
+// conn is one client connection served here.
+type conn struct {
+	srv    *Server
+	nc     net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	remote string
+
+	resp response // reused: the handler must not keep its ResponseWriter (net/http's rule)
+
+	// The watch for the client going away, armed when a request's body has been read.
+	wmu       sync.Mutex
+	watch     *time.Timer
+	watchDone chan struct{}
+	armed     bool
+	reqDone   bool
+	cancel    context.CancelCauseFunc
+	aborting  atomic.Bool
+}
+
+func (c *conn) serve() {
+	s := c.srv
+	handed := false
+	c.br, c.bw = getReader(c.nc), getWriter(c.nc)
+	c.remote = c.nc.RemoteAddr().String()
+	c.watchDone = make(chan struct{}, 1)
+	defer func() {
+		s.untrack(c)
+		if c.watch != nil {
+			c.watch.Stop()
+		}
+		if !handed {
+			_ = c.nc.Close()
+			putReader(c.br)
+		}
+		putWriter(c.bw)
+		s.connsWG.Done()
+	}()
+	base := s.BaseContext
+	if base == nil {
+		base = context.Background()
+	}
+	for first := true; ; first = false {
+		wait := s.IdleTimeout
+		if first || wait == 0 {
+			wait = s.ReadHeaderTimeout
+		}
+		c.readDeadline(wait)
+		if _, err := c.br.Peek(1); err != nil {
+			return // closed, idle too long, or the server closed it
+		}
+		if !s.track(c, false) {
+			return
+		}
+		c.readDeadline(s.ReadHeaderTimeout)
+		req, n, err := c.readHead()
+		switch {
+		case err != nil:
+			return
+		case req == nil:
+			s.untrack(c)
+			handed = true
+			s.hand(c.nc, c.br)
+			return
+		}
+		_, _ = c.br.Discard(n)
+		_ = c.nc.SetReadDeadline(time.Time{})
+		if !c.serveRequest(base, req) {
+			return
+		}
+		if !s.track(c, true) {
+			return
+		}
+	}
+}
+
+func (c *conn) readDeadline(d time.Duration) {
+	if d > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(d))
+	} else {
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+}
+
+// readHead reads ahead (without consuming) the next request's head and parses it: the
+// request and the head's length when this server serves it; a nil request when the
+// fallback must (the head is unusual, too large for the buffer, or not one net/http would
+// accept); an error when the connection failed first.
+func (c *conn) readHead() (*http.Request, int, error) {
+	scanned := 0
+	for {
+		buf, _ := c.br.Peek(c.br.Buffered())
+		if n, more := headEnd(buf, scanned); n > 0 {
+			return parseHead(buf[:n]), n, nil
+		} else {
+			scanned = more
+		}
+		if c.br.Buffered() >= bufSize {
+			return nil, 0, nil
+		}
+		if _, err := c.br.Peek(c.br.Buffered() + 1); err != nil {
+			return nil, 0, err // cut off, or too slow: closed without an answer, as net/http does
+		}
+	}
+}
+
+// headEnd is the length of the request head at the start of b (its blank line included),
+// or 0 and the offset of the line scanning can resume at.
+func headEnd(b []byte, from int) (n, resume int) {
+	for i := from; ; {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return 0, i
+		}
+		if j == 0 || (j == 1 && b[i] == '\r') {
+			return i + j + 1, 0
+		}
+		i += j + 1
+	}
+}
+
+var headReaders = sync.Pool{New: func() any { return new(headReader) }}
+
+type headReader struct {
+	rd bytes.Reader
+	br *bufio.Reader
+}
+
+// parseHead parses a request head as net/http's server would, or returns nil for what this
+// server leaves to the fallback.
+func parseHead(head []byte) *http.Request {
+	hr := headReaders.Get().(*headReader)
+	hr.rd.Reset(head)
+	if hr.br == nil {
+		hr.br = bufio.NewReaderSize(&hr.rd, bufSize)
+	} else {
+		hr.br.Reset(&hr.rd)
+	}
+	req, err := http.ReadRequest(hr.br)
+	hr.rd.Reset(nil)
+	hr.br.Reset(nil)
+	headReaders.Put(hr)
+	if err != nil || hostLines(head) != 1 || !simple(req) {
+		return nil
+	}
+	return req
+}
+
+// hostLines counts the head's Host header lines (http.ReadRequest folds them into
+// Request.Host; net/http's server refuses none, and more than one, with a 400).
+func hostLines(head []byte) int {
+	n := 0
+	for i := bytes.IndexByte(head, '\n') + 1; i < len(head); {
+		j := bytes.IndexByte(head[i:], '\n')
+		if j < 0 {
+			break
+		}
+		if line := head[i : i+j]; len(line) >= 5 && line[4] == ':' && strings.EqualFold(string(line[:4]), "host") {
+			n++
+		}
+		i += j + 1
+	}
+	return n
+}
+
+// simple reports whether req is one this server serves (see the package doc).
+func simple(req *http.Request) bool {
+	if req.ProtoMajor != 1 || req.ProtoMinor != 1 || req.Method == http.MethodConnect || req.RequestURI == "*" ||
+		len(req.TransferEncoding) > 0 || req.ContentLength < 0 || !httpguts.ValidHostHeader(req.Host) {
+		return false
+	}
+	for k, vv := range req.Header {
+		switch k {
+		case "Expect", "Upgrade", "Transfer-Encoding", "Http2-Settings":
+			return false
+		}
+		if !httpguts.ValidHeaderFieldName(k) {
+			return false
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// serveRequest runs the handler on req and finishes its answer; false when the connection
+// must close.
+func (c *conn) serveRequest(base context.Context, req *http.Request) (keep bool) {
+	ctx, cancel := context.WithCancelCause(base)
+	defer cancel(context.Canceled)
+	req.RemoteAddr = c.remote
+	var b *body // a new one each request: a transport may still read the last one
+	if req.ContentLength > 0 {
+		b = &body{c: c, n: req.ContentLength}
+		req.Body = b
+	}
+	req = req.WithContext(ctx)
+	c.resp.reset(c, req)
+	c.wmu.Lock()
+	c.cancel, c.reqDone, c.armed = cancel, false, false
+	c.wmu.Unlock()
+	if b == nil {
+		c.arm()
+	}
+	ok := c.run(req)
+	c.disarm()
+	if !ok {
+		if b != nil {
+			_ = b.Close()
+		}
+		return false
+	}
+	keep = c.resp.finish(b != nil && b.left() > maxDiscard)
+	if b != nil && !b.drain(c.srv.ReadHeaderTimeout) {
+		keep = false
+	}
+	return keep
+}
+
+// run calls the handler; false when it panicked (the connection closes, as net/http does,
+// with the panic logged unless it is http.ErrAbortHandler).
+func (c *conn) run(req *http.Request) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			ok = false
+			if r != http.ErrAbortHandler {
+				buf := make([]byte, 16<<10)
+				buf = buf[:runtime.Stack(buf, false)]
+				c.srv.logf("http1: panic serving %s: %v\n%s", c.remote, r, buf)
+			}
+		}
+	}()
+	c.srv.Handler.ServeHTTP(&c.resp, req)
+	return true
+}
+
+// arm starts the watch for the client going away, WatchAfter from now.
+func (c *conn) arm() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.reqDone || c.armed {
+		return
+	}
+	c.armed = true
+	if c.watch == nil {
+		c.watch = time.AfterFunc(c.srv.WatchAfter, c.watchConn)
+	} else {
+		c.watch.Reset(c.srv.WatchAfter)
+	}
+}
+
+// disarm ends the watch: stops it before it started, or ends its read.
+func (c *conn) disarm() {
+	c.wmu.Lock()
+	armed := c.armed
+	c.armed, c.reqDone = false, true
+	c.wmu.Unlock()
+	if !armed || c.watch.Stop() {
+		return
+	}
+	c.aborting.Store(true)
+	_ = c.nc.SetReadDeadline(longAgo)
+	<-c.watchDone
+	c.aborting.Store(false)
+	_ = c.nc.SetReadDeadline(time.Time{})
+}
+
+// watchConn waits for the connection's next byte: a byte (the next request) ends the watch;
+// the connection's end cancels the request with ErrClientGone.
+func (c *conn) watchConn() {
+	defer func() { c.watchDone <- struct{}{} }()
+	_, err := c.br.Peek(1)
+	if err == nil || c.aborting.Load() || isTimeout(err) {
+		return
+	}
+	c.wmu.Lock()
+	cancel := c.cancel
+	c.wmu.Unlock()
+	cancel(ErrClientGone)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// body is a request body of known length read from the connection.
+type body struct {
+	mu     sync.Mutex
+	c      *conn
+	n      int64 // bytes still to read
+	closed bool
+	err    error
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return 0, http.ErrBodyReadAfterClose
+	case b.err != nil:
+		return 0, b.err
+	case b.n <= 0:
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	n, err := b.c.br.Read(p)
+	b.n -= int64(n)
+	switch {
+	case b.n == 0:
+		b.c.arm()
+		return n, io.EOF
+	case err == io.EOF:
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		b.err = err
+	}
+	return n, err
+}
+
+// Close marks the body closed: a later Read fails; the server drops what is left.
+func (b *body) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *body) left() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+// drain reads and drops what the handler left of the body, within d; false when the
+// connection cannot be kept (too much left, or the read failed).
+func (b *body) drain(d time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	switch {
+	case b.n == 0:
+		return true
+	case b.err != nil || b.n > maxDiscard:
+		return false
+	}
+	b.c.readDeadline(d)
+	_, err := io.CopyN(io.Discard, b.c.br, b.n)
+	_ = b.c.nc.SetReadDeadline(time.Time{})
+	b.n = 0
+	return err == nil
+}
+
+// hasToken reports whether a comma-separated header value list holds token (case-folded).
+func hasToken(vv []string, token string) bool {
+	for _, v := range vv {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), token) {
+				return true
+			}
+		}
+	}
+	return false
+}

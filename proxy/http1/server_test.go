@@ -1,0 +1,531 @@
+package http1
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testServer runs a Server on 127.0.0.1 whose own handler answers "own" and whose fallback
+// answers "fallback", both after calling h when set.
+type testServer struct {
+	s    *Server
+	addr string
+	own  atomic.Int64
+	fb   atomic.Int64
+}
+
+func startServer(t *testing.T, h http.HandlerFunc, tweak func(*Server)) *testServer {
+	t.Helper()
+	ts := &testServer{}
+	wrap := func(who string, n *atomic.Int64) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n.Add(1)
+			w.Header().Set("X-Served-By", who)
+			if h != nil {
+				h(w, r)
+				return
+			}
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, who)
+		})
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	fb := &http.Server{Handler: wrap("fallback", &ts.fb), ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 64 << 10, Protocols: &protos,
+		ErrorLog: log.New(io.Discard, "", 0)}
+	ts.s = &Server{Handler: wrap("own", &ts.own), Fallback: fb, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second, WatchAfter: time.Millisecond}
+	if tweak != nil {
+		tweak(ts.s)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.addr = ln.Addr().String()
+	done := make(chan error, 1)
+	go func() { done <- ts.s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := ts.s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve returned %v", err)
+		}
+	})
+	return ts
+}
+
+// raw sends req on a new connection and returns everything the server sent until it closed
+// the connection (or 2 s passed).
+func raw(t *testing.T, addr, req string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+func TestServesOrHandsOff(t *testing.T) {
+	ts := startServer(t, nil, nil)
+	const body = `{"a":1}`
+	for _, tc := range []struct {
+		name, req string
+		want      []string // in the answer, in order
+		by        string   // who served: own or fallback ("" when net/http refused it)
+	}{
+		{"POST with a body", "POST /v1/x HTTP/1.1\r\nHost: h\r\nContent-Length: 7\r\nConnection: close\r\n\r\n" + body,
+			[]string{"HTTP/1.1 200 OK\r\n", "Content-Length: 3\r\n", "Date: ", "Connection: close\r\n", "\r\nown"}, "own"},
+		{"GET, LF-only lines", "GET / HTTP/1.1\nHost: h\nConnection: close\n\n", []string{"HTTP/1.1 200 OK\r\n", "own"}, "own"},
+		{"HTTP/1.0", "GET / HTTP/1.0\r\n\r\n", []string{"HTTP/1.0 200 OK", "fallback"}, "fallback"},
+		{"chunked body", "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n7\r\n" + body + "\r\n0\r\n\r\n",
+			[]string{"200 OK", "fallback"}, "fallback"},
+		{"Expect", "POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 7\r\nConnection: close\r\n\r\n" + body,
+			[]string{"200 OK", "fallback"}, "fallback"},
+		{"Upgrade", "GET / HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: close\r\n\r\n", []string{"fallback"}, "fallback"},
+		{"no Host", "GET / HTTP/1.1\r\n\r\n", []string{"HTTP/1.1 400 Bad Request", "missing required Host header"}, ""},
+		{"two Hosts", "GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", []string{"HTTP/1.1 400 Bad Request"}, ""},
+		{"malformed request line", "GET /\r\nHost: h\r\n\r\n", []string{"HTTP/1.1 400 Bad Request"}, ""},
+		{"bad header name", "GET / HTTP/1.1\r\nHost: h\r\nBad Name: x\r\n\r\n", []string{"HTTP/1.1 400 Bad Request"}, ""},
+		{"head over the buffer", "GET / HTTP/1.1\r\nHost: h\r\nX-Big: " + strings.Repeat("a", 6000) + "\r\nConnection: close\r\n\r\n",
+			[]string{"200 OK", "fallback"}, "fallback"},
+		{"head over the fallback's limit", "GET / HTTP/1.1\r\nHost: h\r\nX-Big: " + strings.Repeat("a", 80000) + "\r\n\r\n",
+			[]string{"431 Request Header Fields Too Large"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			own, fb := ts.own.Load(), ts.fb.Load()
+			got := raw(t, ts.addr, tc.req)
+			at := 0
+			for _, w := range tc.want {
+				i := strings.Index(got[at:], w)
+				if i < 0 {
+					t.Fatalf("answer lacks %q after byte %d:\n%q", w, at, got)
+				}
+				at += i + len(w)
+			}
+			dOwn, dFb := ts.own.Load()-own, ts.fb.Load()-fb
+			switch {
+			case tc.by == "own" && (dOwn != 1 || dFb != 0), tc.by == "fallback" && (dOwn != 0 || dFb != 1), tc.by == "" && dOwn+dFb != 0:
+				t.Fatalf("served by own %d, fallback %d; want %q", dOwn, dFb, tc.by)
+			}
+		})
+	}
+}
+
+// TestH2C: a client speaking HTTP/2 with prior knowledge is served by the fallback.
+func TestH2C(t *testing.T) {
+	ts := startServer(t, nil, nil)
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &protos}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Post("http://"+ts.addr+"/", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 || string(b) != "fallback" {
+		t.Fatalf("%s %q", resp.Proto, b)
+	}
+}
+
+// TestKeepAliveThenHandOff: a connection serves requests until one it does not serve, and
+// the fallback serves the rest of that connection, bytes already read included.
+func TestKeepAliveThenHandOff(t *testing.T) {
+	ts := startServer(t, nil, nil)
+	reqs := "GET /1 HTTP/1.1\r\nHost: h\r\n\r\n" +
+		"POST /2 HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi" +
+		"POST /3 HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n" +
+		"GET /4 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+	got := raw(t, ts.addr, reqs) // pipelined: all in one write
+	if n := strings.Count(got, "HTTP/1.1 200 OK"); n != 4 {
+		t.Fatalf("%d answers, want 4:\n%s", n, got)
+	}
+	if ts.own.Load() != 2 || ts.fb.Load() != 2 {
+		t.Fatalf("own served %d, fallback %d; want 2 and 2", ts.own.Load(), ts.fb.Load())
+	}
+	if i, j := strings.Index(got, "own"), strings.LastIndex(got, "fallback"); i < 0 || j < i {
+		t.Fatalf("answers out of order:\n%s", got)
+	}
+}
+
+func TestFraming(t *testing.T) {
+	big := strings.Repeat("x", 5000)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/small":
+			_, _ = io.WriteString(w, "hello")
+		case "/big":
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, big)
+		case "/flush":
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: 1\n\n")
+			w.(http.Flusher).Flush()
+			_, _ = io.WriteString(w, "data: 2\n\n")
+		case "/length":
+			w.Header().Set("Content-Length", "3")
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, "abc")
+			if _, err := io.WriteString(w, "d"); !errors.Is(err, http.ErrContentLength) {
+				panic(fmt.Sprintf("write past Content-Length: %v", err))
+			}
+		case "/short":
+			w.Header().Set("Content-Length", "10")
+			_, _ = io.WriteString(w, "abc")
+		case "/nocontent":
+			w.WriteHeader(http.StatusNoContent)
+			if _, err := io.WriteString(w, "x"); !errors.Is(err, http.ErrBodyNotAllowed) {
+				panic("body allowed on 204")
+			}
+		case "/header-after":
+			w.WriteHeader(http.StatusCreated)
+			w.Header().Set("X-Late", "1") // after WriteHeader: not sent, as with net/http
+			_, _ = io.WriteString(w, "late")
+		case "/newline":
+			w.Header().Set("X-Split", "a\r\nInjected: yes")
+			_, _ = io.WriteString(w, "ok")
+		case "/panic":
+			panic(http.ErrAbortHandler)
+		}
+	}, nil)
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	for _, tc := range []struct {
+		path, method string
+		status       int
+		body         string
+		clen         int64
+		te           []string
+		header       map[string]string
+	}{
+		{"/small", "GET", 200, "hello", 5, nil, map[string]string{"Content-Type": "text/plain; charset=utf-8"}},
+		{"/big", "GET", 200, big, -1, []string{"chunked"}, nil},
+		{"/flush", "GET", 200, "data: 1\n\ndata: 2\n\n", -1, []string{"chunked"}, map[string]string{"Content-Type": "text/event-stream"}},
+		{"/length", "GET", 200, "abc", 3, nil, nil},
+		{"/small", "HEAD", 200, "", 5, nil, nil},
+		{"/nocontent", "GET", 204, "", 0, nil, nil},
+		{"/header-after", "GET", 201, "late", 4, nil, map[string]string{"X-Late": ""}},
+		{"/newline", "GET", 200, "ok", 2, nil, map[string]string{"X-Split": "a  Injected: yes", "Injected": ""}},
+	} {
+		t.Run(tc.method+tc.path, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, "http://"+ts.addr+tc.path, nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.status || string(b) != tc.body || resp.ContentLength != tc.clen ||
+				fmt.Sprint(resp.TransferEncoding) != fmt.Sprint(tc.te) {
+				t.Fatalf("status %d, body %.40q, length %d, TE %v; want %d, %.40q, %d, %v",
+					resp.StatusCode, b, resp.ContentLength, resp.TransferEncoding, tc.status, tc.body, tc.clen, tc.te)
+			}
+			if resp.Header.Get("X-Served-By") != "own" || resp.Header.Get("Date") == "" {
+				t.Fatalf("header %v", resp.Header)
+			}
+			for k, v := range tc.header {
+				if got := resp.Header.Get(k); got != v {
+					t.Fatalf("%s: %q, want %q", k, got, v)
+				}
+			}
+		})
+	}
+	// An answer shorter than its Content-Length, and a handler that panics: the connection
+	// closes (the client sees the cut), and the next request is served on a new one.
+	for _, path := range []string{"/short", "/panic"} {
+		resp, err := client.Get("http://" + ts.addr + path)
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		if err == nil {
+			t.Fatalf("%s: no error from a cut answer", path)
+		}
+		resp, err = client.Get("http://" + ts.addr + "/small")
+		if err != nil {
+			t.Fatalf("after %s: %v", path, err)
+		}
+		resp.Body.Close()
+	}
+}
+
+// TestUnreadBody: a body the handler left unread is dropped and the connection kept; past
+// 256 KiB the answer says Connection: close and the connection closes.
+func TestUnreadBody(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ignored your body")
+	}, nil)
+	for _, tc := range []struct {
+		size  int
+		close bool
+	}{{1000, false}, {maxDiscard + 1, true}} {
+		c, err := net.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		go func() {
+			_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n%s", tc.size, strings.Repeat("b", tc.size))
+			_, _ = io.WriteString(c, "GET /again HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+		}()
+		b, _ := io.ReadAll(c)
+		c.Close()
+		got := string(b)
+		if n := strings.Count(got, "HTTP/1.1 200 OK"); n != map[bool]int{false: 2, true: 1}[tc.close] {
+			t.Fatalf("size %d: %d answers:\n%.300s", tc.size, n, got)
+		}
+		if tc.close && !strings.Contains(got, "Connection: close") {
+			t.Fatalf("size %d: no Connection: close:\n%.300s", tc.size, got)
+		}
+	}
+}
+
+// TestClientGone: a client that closes its connection while its request runs cancels the
+// request's context with ErrClientGone; a request that ends before WatchAfter never starts
+// the watch.
+func TestClientGone(t *testing.T) {
+	started, cause := make(chan struct{}), make(chan error, 1)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/quick" {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body) // the watch starts once the body is read, as net/http's
+		close(started)
+		select {
+		case <-r.Context().Done():
+			cause <- context.Cause(r.Context())
+		case <-time.After(5 * time.Second):
+			cause <- errors.New("never cancelled")
+		}
+	}, func(s *Server) { s.WatchAfter = 20 * time.Millisecond })
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, "GET /quick HTTP/1.1\r\nHost: h\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	_, _ = io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
+	<-started
+	c.Close()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, ErrClientGone) {
+			t.Fatalf("cause %v, want ErrClientGone", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler did not end")
+	}
+}
+
+// TestWatchKeepsPipelined: the watch of a long request reads the next pipelined request's
+// first bytes; that request is served whole, and the long one is not cancelled.
+func TestWatchKeepsPipelined(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-r.Context().Done():
+				http.Error(w, "cancelled", http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "done "+r.URL.Path)
+	}, nil)
+	got := raw(t, ts.addr, "GET /slow HTTP/1.1\r\nHost: h\r\n\r\nGET /next HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+	if !strings.Contains(got, "done /slow") || !strings.Contains(got, "done /next") {
+		t.Fatalf("answers:\n%s", got)
+	}
+}
+
+// TestShutdown: idle connections close at once, a request in flight finishes with
+// Connection: close, and Shutdown returns when it has.
+func TestShutdown(t *testing.T) {
+	release, inside := make(chan struct{}), make(chan struct{})
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	s := &Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				close(inside)
+				<-release
+			}
+			_, _ = io.WriteString(w, "bye")
+		}),
+		Fallback:          &http.Server{Protocols: &protos, ReadHeaderTimeout: time.Second},
+		ReadHeaderTimeout: time.Second, WatchAfter: time.Millisecond,
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	idle, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	_, _ = io.WriteString(idle, "GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+	ibr := bufio.NewReader(idle)
+	if resp, err := http.ReadResponse(ibr, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	busy, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	_, _ = io.WriteString(busy, "GET /hold HTTP/1.1\r\nHost: h\r\n\r\n")
+	<-inside
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	_ = idle.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := ibr.ReadByte(); err == nil || isTimeout(err) {
+		t.Fatalf("idle connection not closed: %v", err)
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a request in flight", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	_ = busy.SetReadDeadline(time.Now().Add(2 * time.Second))
+	b, _ := io.ReadAll(busy)
+	if !bytes.Contains(b, []byte("Connection: close")) || !bytes.HasSuffix(b, []byte("bye")) {
+		t.Fatalf("in-flight answer:\n%s", b)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Fatalf("Serve: %v", err)
+	}
+}
+
+// TestIdleTimeout: a kept-alive connection idle past IdleTimeout is closed.
+func TestIdleTimeout(t *testing.T) {
+	ts := startServer(t, nil, func(s *Server) { s.IdleTimeout = 50 * time.Millisecond })
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	start := time.Now()
+	if _, err := br.ReadByte(); err == nil || isTimeout(err) {
+		t.Fatalf("connection not closed when idle: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("closed after %v", d)
+	}
+}
+
+// TestSlowHead: a head that does not arrive within ReadHeaderTimeout closes the
+// connection without an answer, as net/http does.
+func TestSlowHead(t *testing.T) {
+	ts := startServer(t, nil, func(s *Server) { s.ReadHeaderTimeout = 50 * time.Millisecond })
+	got := raw(t, ts.addr, "GET / HTTP/1.1\r\nHost: h\r\n")
+	if got != "" {
+		t.Fatalf("answered %q", got)
+	}
+}
+
+// FuzzParseHead: whatever a client sends, reading its head never panics, and a request the
+// server serves itself is one net/http's reading accepts, with one Host line.
+func FuzzParseHead(f *testing.F) {
+	f.Add([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n"))
+	f.Add([]byte("GET / HTTP/1.1\nHost: h\n\n"))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\nHOST: b\r\n\r\n"))
+	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, _ := headEnd(b, 0)
+		if n == 0 {
+			return
+		}
+		if n > len(b) || b[n-1] != '\n' {
+			t.Fatalf("head end %d of %q", n, b)
+		}
+		req := parseHead(b[:n])
+		if req == nil {
+			return
+		}
+		if hostLines(b[:n]) != 1 || req.ProtoMinor != 1 || req.ContentLength < 0 {
+			t.Fatalf("served %q", b[:n])
+		}
+		if _, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b[:n]))); err != nil {
+			t.Fatalf("net/http refuses %q: %v", b[:n], err)
+		}
+	})
+}
+
+// TestBodyAfterHandler: a body still held after its handler returned (a transport's
+// goroutine writing it upstream) reads ErrBodyReadAfterClose, never the next request's body.
+func TestBodyAfterHandler(t *testing.T) {
+	kept := make(chan io.Reader, 1)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/keep" {
+			kept <- r.Body
+		} else {
+			_, _ = io.Copy(io.Discard, r.Body)
+		}
+		_, _ = io.WriteString(w, "ok")
+	}, nil)
+	got := raw(t, ts.addr, "POST /keep HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nfirst"+
+		"POST /next HTTP/1.1\r\nHost: h\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsecond")
+	if n := strings.Count(got, "200 OK"); n != 2 {
+		t.Fatalf("%d answers:\n%s", n, got)
+	}
+	b := <-kept
+	if n, err := b.Read(make([]byte, 16)); n != 0 || !errors.Is(err, http.ErrBodyReadAfterClose) {
+		t.Fatalf("stale body read %d bytes, %v", n, err)
+	}
+}
