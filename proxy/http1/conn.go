@@ -13,8 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/net/http/httpguts"
 )
 
 // maxDiscard is how much of a body the handler left unread the server reads and drops to
@@ -144,72 +142,9 @@ func headEnd(b []byte, from int) (n, resume int) {
 	}
 }
 
-var headReaders = sync.Pool{New: func() any { return new(headReader) }}
-
-type headReader struct {
-	rd bytes.Reader
-	br *bufio.Reader
-}
-
 // parseHead parses a request head as net/http's server would, or returns nil for what this
-// server leaves to the fallback.
-func parseHead(head []byte) *http.Request {
-	hr := headReaders.Get().(*headReader)
-	hr.rd.Reset(head)
-	if hr.br == nil {
-		hr.br = bufio.NewReaderSize(&hr.rd, bufSize)
-	} else {
-		hr.br.Reset(&hr.rd)
-	}
-	req, err := http.ReadRequest(hr.br)
-	hr.rd.Reset(nil)
-	hr.br.Reset(nil)
-	headReaders.Put(hr)
-	if err != nil || hostLines(head) != 1 || !simple(req) {
-		return nil
-	}
-	return req
-}
-
-// hostLines counts the head's Host header lines (http.ReadRequest folds them into
-// Request.Host; net/http's server refuses none, and more than one, with a 400).
-func hostLines(head []byte) int {
-	n := 0
-	for i := bytes.IndexByte(head, '\n') + 1; i < len(head); {
-		j := bytes.IndexByte(head[i:], '\n')
-		if j < 0 {
-			break
-		}
-		if line := head[i : i+j]; len(line) >= 5 && line[4] == ':' && strings.EqualFold(string(line[:4]), "host") {
-			n++
-		}
-		i += j + 1
-	}
-	return n
-}
-
-// simple reports whether req is one this server serves (see the package doc).
-func simple(req *http.Request) bool {
-	if req.ProtoMajor != 1 || req.ProtoMinor != 1 || req.Method == http.MethodConnect || req.RequestURI == "*" ||
-		len(req.TransferEncoding) > 0 || req.ContentLength < 0 || !httpguts.ValidHostHeader(req.Host) {
-		return false
-	}
-	for k, vv := range req.Header {
-		switch k {
-		case "Expect", "Upgrade", "Transfer-Encoding", "Http2-Settings":
-			return false
-		}
-		if !httpguts.ValidHeaderFieldName(k) {
-			return false
-		}
-		for _, v := range vv {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				return false
-			}
-		}
-	}
-	return true
-}
+// server leaves to the fallback (see parseRequest).
+func parseHead(head []byte) *http.Request { return parseRequest(head) }
 
 // serveRequest runs the handler on req and finishes its answer; false when the connection
 // must close.
