@@ -2,17 +2,17 @@ package http1
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
 // maxDiscard is how much of a body the handler left unread the server reads and drops to
@@ -113,7 +113,7 @@ func (c *conn) readHead() (*http.Request, int, error) {
 	scanned := 0
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
-		if n, more := headEnd(buf, scanned); n > 0 {
+		if n, more := httphead.End(buf, scanned); n > 0 {
 			return parseHead(buf[:n]), n, nil
 		} else {
 			scanned = more
@@ -124,21 +124,6 @@ func (c *conn) readHead() (*http.Request, int, error) {
 		if _, err := c.br.Peek(c.br.Buffered() + 1); err != nil {
 			return nil, 0, err // cut off, or too slow: closed without an answer, as net/http does
 		}
-	}
-}
-
-// headEnd is the length of the request head at the start of b (its blank line included),
-// or 0 and the offset of the line scanning can resume at.
-func headEnd(b []byte, from int) (n, resume int) {
-	for i := from; ; {
-		j := bytes.IndexByte(b[i:], '\n')
-		if j < 0 {
-			return 0, i
-		}
-		if j == 0 || (j == 1 && b[i] == '\r') {
-			return i + j + 1, 0
-		}
-		i += j + 1
 	}
 }
 
@@ -174,6 +159,9 @@ func (c *conn) serveRequest(base context.Context, req *http.Request) (keep bool)
 		return false
 	}
 	keep = c.resp.finish(b != nil && b.left() > maxDiscard)
+	// The handler's write deadline bounded the flush above; the next request sets its own
+	// (net/http clears it after each request too).
+	_ = c.nc.SetWriteDeadline(time.Time{})
 	if b != nil && !b.drain(c.srv.ReadHeaderTimeout) {
 		keep = false
 	}
@@ -316,16 +304,4 @@ func (b *body) drain(d time.Duration) bool {
 	_ = b.c.nc.SetReadDeadline(time.Time{})
 	b.n = 0
 	return err == nil
-}
-
-// hasToken reports whether a comma-separated header value list holds token (case-folded).
-func hasToken(vv []string, token string) bool {
-	for _, v := range vv {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), token) {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
 // The reference parseRequest must agree with: net/http's ReadRequest, then the checks that
@@ -113,7 +115,7 @@ func FuzzParseRequestAgrees(f *testing.F) {
 	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n"))
 	f.Add([]byte("GET //x HTTP/1.1\r\nHost: a\r\nX : y\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, _ := headEnd(b, 0)
+		n, _ := httphead.End(b, 0)
 		if n == 0 {
 			return
 		}

@@ -9,11 +9,16 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
 // bufferBeforeChunking is how much of an answer is held before its head is sent: an answer
 // the handler ends within it gets a Content-Length (net/http's figure).
 const bufferBeforeChunking = 2048
+
+// sniffLen is how much of an answer sniffing a Content-Type reads (http.DetectContentType's).
+const sniffLen = 512
 
 // response is the http.ResponseWriter (and Flusher, and the deadlines
 // http.ResponseController sets) of one request on a connection.
@@ -31,7 +36,7 @@ type response struct {
 	clen       int64 // the handler's Content-Length, -1 if none
 	hasCT      bool
 	hasDate    bool
-	hasConn    bool // the handler set Connection: close
+	conn       []string // the handler's Connection values (written in the head unless it closes)
 	written    int64
 	buf        []byte // the answer's start, until the head is sent
 	closeAfter bool
@@ -68,10 +73,12 @@ func (r *response) informational(code int) {
 	if r.err != nil {
 		return
 	}
+	closeAfter := r.closeAfter
 	b := appendStatus(nil, code)
 	b = r.appendHeaders(b)
+	b = appendConnection(b, r.conn)
 	b = append(b, "\r\n"...)
-	r.hasCT, r.hasDate, r.hasConn, r.clen = false, false, false, -1
+	r.hasCT, r.hasDate, r.conn, r.clen, r.closeAfter = false, false, nil, -1, closeAfter
 	if _, err := r.c.bw.Write(b); err != nil {
 		r.fail(err)
 		return
@@ -121,9 +128,13 @@ func (r *response) appendHeaders(b []byte) []byte {
 		case "Date":
 			r.hasDate = true
 		case "Connection":
-			if hasToken(vv, "close") {
-				r.hasConn, r.closeAfter = true, true
+			// Written with the framing: Connection: close replaces it when the server
+			// closes after the answer, as net/http does.
+			r.conn = vv
+			if httphead.HasToken(vv, "close") {
+				r.closeAfter = true
 			}
+			continue
 		}
 		if !httpguts.ValidHeaderFieldName(k) {
 			continue
@@ -134,6 +145,15 @@ func (r *response) appendHeaders(b []byte) []byte {
 			b = appendValue(b, v)
 			b = append(b, "\r\n"...)
 		}
+	}
+	return b
+}
+
+func appendConnection(b []byte, vv []string) []byte {
+	for _, v := range vv {
+		b = append(b, "Connection: "...)
+		b = appendValue(b, v)
+		b = append(b, "\r\n"...)
 	}
 	return b
 }
@@ -162,6 +182,9 @@ func (r *response) Write(p []byte) (int, error) {
 		return 0, r.err
 	case r.req.Method == http.MethodHead:
 		r.written += int64(len(p)) // the length a GET would have, when it fits the buffer
+		if !r.sent && len(r.buf) < sniffLen {
+			r.buf = append(r.buf, p[:min(len(p), sniffLen-len(r.buf))]...) // to sniff, never written
+		}
 		return len(p), nil
 	case r.noBody:
 		return 0, http.ErrBodyNotAllowed
@@ -173,6 +196,12 @@ func (r *response) Write(p []byte) (int, error) {
 		if len(r.buf)+len(p) <= bufferBeforeChunking {
 			r.buf = append(r.buf, p...)
 			return len(p), nil
+		}
+		if !r.hasCT && len(r.buf) < sniffLen {
+			// The type is sniffed from the answer's first 512 bytes, as net/http does.
+			k := min(len(p), sniffLen-len(r.buf))
+			r.buf = append(r.buf, p[:k]...)
+			p = p[k:]
 		}
 		r.sendHead(false)
 		r.writeBody(r.buf)
@@ -225,7 +254,7 @@ func (r *response) sendHead(final bool) {
 		r.chunked = true
 		b = append(b, "Transfer-Encoding: chunked\r\n"...)
 	}
-	if !r.hasCT && !r.noBody && len(r.buf) > 0 {
+	if !r.hasCT && len(r.buf) > 0 && r.status != http.StatusNoContent && r.status != http.StatusNotModified {
 		b = append(b, "Content-Type: "...)
 		b = append(b, http.DetectContentType(r.buf)...)
 		b = append(b, "\r\n"...)
@@ -235,8 +264,11 @@ func (r *response) sendHead(final bool) {
 		b = append(b, r.c.srv.date(time.Now())...)
 		b = append(b, "\r\n"...)
 	}
-	if r.closeAfter && !r.hasConn {
+	switch {
+	case r.closeAfter:
 		b = append(b, "Connection: close\r\n"...)
+	case len(r.conn) > 0:
+		b = appendConnection(b, r.conn)
 	}
 	b = append(b, "\r\n"...)
 	r.head = b

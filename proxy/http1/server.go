@@ -106,11 +106,12 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		backoff = 0
 		c := &conn{srv: s, nc: nc}
+		s.connsWG.Add(1) // before the connection is tracked: Shutdown waits for what it tracks
 		if !s.track(c, true) {
+			s.connsWG.Done()
 			_ = nc.Close()
 			return http.ErrServerClosed
 		}
-		s.connsWG.Add(1)
 		go c.serve()
 	}
 }
@@ -124,6 +125,7 @@ func (s *Server) startFallback(addr net.Addr) {
 	s.fbDone = make(chan struct{})
 	go func() {
 		defer close(s.fbDone)
+		defer s.handoff.shut() // a fallback that stopped takes no more connections: they close
 		if err := s.Fallback.Serve(s.handoff); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 			s.logf("http1: fallback server stopped: %v", err)
 		}

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -487,7 +489,7 @@ func FuzzParseHead(f *testing.F) {
 	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\nHOST: b\r\n\r\n"))
 	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, _ := headEnd(b, 0)
+		n, _ := httphead.End(b, 0)
 		if n == 0 {
 			return
 		}
@@ -527,5 +529,58 @@ func TestBodyAfterHandler(t *testing.T) {
 	b := <-kept
 	if n, err := b.Read(make([]byte, 16)); n != 0 || !errors.Is(err, http.ErrBodyReadAfterClose) {
 		t.Fatalf("stale body read %d bytes, %v", n, err)
+	}
+}
+
+// TestReviewedDifferences: what a review found this server doing otherwise than net/http.
+func TestReviewedDifferences(t *testing.T) {
+	html := "<html><body>" + strings.Repeat("x", 4000) + "</body></html>"
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/deadline":
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		case "/html":
+			_, _ = io.WriteString(w, html) // over 2 KiB in one write: still sniffed
+			return
+		case "/keepalive":
+			w.Header().Set("Connection", "keep-alive")
+		}
+		_, _ = io.WriteString(w, "hello")
+	}, nil)
+	// A handler's write deadline does not outlive its request on a kept-alive connection.
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i, path := range []string{"/deadline", "/plain"} {
+		if i == 1 {
+			time.Sleep(100 * time.Millisecond) // past the first request's deadline
+		}
+		_, _ = fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: h\r\n\r\n", path)
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	for _, tc := range []struct{ req, want, not string }{
+		{"GET /html HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", "Content-Type: text/html; charset=utf-8\r\n", ""},
+		{"HEAD /plain HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", "Content-Type: text/plain; charset=utf-8\r\n", ""},
+		{"GET /keepalive HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", "Connection: close\r\n", "keep-alive"},
+		{"GET /keepalive HTTP/1.1\r\nHost: h\r\n\r\nGET /plain HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", "Connection: keep-alive\r\n", ""},
+	} {
+		got := raw(t, ts.addr, tc.req)
+		if !strings.Contains(got, tc.want) || (tc.not != "" && strings.Contains(got, tc.not)) {
+			t.Fatalf("%q: answer\n%.400s\nwant %q, not %q", tc.req, got, tc.want, tc.not)
+		}
+	}
+	// Identical duplicate Content-Lengths read as one, as net/http reads them.
+	req := parseRequest([]byte("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n"))
+	if req == nil || fmt.Sprint(req.Header["Content-Length"]) != "[3]" {
+		t.Fatalf("request %+v", req)
 	}
 }
