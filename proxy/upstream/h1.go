@@ -225,7 +225,7 @@ const earlyAnswerWait = 250 * time.Millisecond
 func readHead(c *h1Conn, req *http.Request) (*http.Response, error) {
 	c.lim.n = MaxResponseHeaderBytes
 	for n := 0; ; n++ {
-		r, err := http.ReadResponse(c.br, req)
+		r, err := readResponse(c.br, req)
 		if err != nil {
 			return nil, err
 		}

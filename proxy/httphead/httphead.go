@@ -1,0 +1,151 @@
+// Package httphead reads the header lines of an HTTP/1.1 head the way net/textproto does for
+// the heads it accepts, with every string a piece of one copy of the head: the gateway's own
+// server (proxy/http1) and upstream client (proxy/upstream) read requests and answers with
+// it, and hand anything it refuses to net/http's readers.
+package httphead
+
+import (
+	"net/http"
+	"net/textproto"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// End is the length of the head at the start of b (its blank line included), or 0 and the
+// offset scanning can resume at once more bytes arrived.
+func End(b []byte, from int) (n, resume int) {
+	for i := from; ; {
+		j := indexByte(b[i:], '\n')
+		if j < 0 {
+			return 0, i
+		}
+		if j == 0 || (j == 1 && b[i] == '\r') {
+			return i + j + 1, 0
+		}
+		i += j + 1
+	}
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// Line cuts the first line (without its CRLF or LF) off s; ok is false when s holds no
+// whole line or the line holds a bare CR (which net/http refuses).
+func Line(s string) (line, rest string, ok bool) {
+	i := strings.IndexByte(s, '\n')
+	if i < 0 {
+		return "", "", false
+	}
+	line, rest = strings.TrimSuffix(s[:i], "\r"), s[i+1:]
+	if strings.IndexByte(line, '\r') >= 0 {
+		return "", "", false
+	}
+	return line, rest, true
+}
+
+// Header reads the header lines of s up to its blank line. ok is false for anything
+// net/textproto would refuse or read otherwise: a line that is not "Name: value" with a
+// valid name and value, a folded line, a bare CR, no blank line. Names are canonical
+// (common ones, in any case, without an allocation).
+func Header(s string, common map[string]string) (h http.Header, ok bool) {
+	n := strings.Count(s, "\n")
+	h = make(http.Header, n)
+	vals := make([]string, 0, n)
+	for {
+		line, rest, ok := Line(s)
+		if !ok {
+			return nil, false
+		}
+		if line == "" {
+			return h, true
+		}
+		s = rest
+		colon := strings.IndexByte(line, ':')
+		if colon <= 0 {
+			return nil, false
+		}
+		key, value := line[:colon], textproto.TrimString(line[colon+1:])
+		if !httpguts.ValidHeaderFieldName(key) || !httpguts.ValidHeaderFieldValue(value) {
+			return nil, false // includes a folded line (leading white space) and "Name :"
+		}
+		key = CanonicalKey(key, common)
+		if old := h[key]; old == nil {
+			vals = append(vals, value)
+			h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+		} else {
+			h[key] = append(old, value)
+		}
+	}
+}
+
+// Common is a table for CanonicalKey: the lowercase form of each canonical name.
+func Common(names ...string) map[string]string {
+	m := make(map[string]string, len(names))
+	for _, k := range names {
+		m[strings.ToLower(k)] = k
+	}
+	return m
+}
+
+// CanonicalKey is textproto.CanonicalMIMEHeaderKey, without allocating for a name of
+// common in any case.
+func CanonicalKey(k string, common map[string]string) string {
+	if len(k) <= 32 {
+		var buf [32]byte
+		low := buf[:len(k)]
+		for i := 0; i < len(k); i++ {
+			b := k[i]
+			if 'A' <= b && b <= 'Z' {
+				b += 'a' - 'A'
+			}
+			low[i] = b
+		}
+		if c, ok := common[string(low)]; ok {
+			return c
+		}
+	}
+	return textproto.CanonicalMIMEHeaderKey(k) // no allocation when k is canonical already
+}
+
+// HasToken reports whether a comma-separated header value list holds token (case-folded).
+func HasToken(vv []string, token string) bool {
+	for _, v := range vv {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ContentLength is a message's Content-Length: -1 without the header; ok is false for
+// values net/http refuses (not digits, differing duplicates).
+func ContentLength(vv []string) (n int64, ok bool) {
+	if len(vv) == 0 {
+		return -1, true
+	}
+	first := textproto.TrimString(vv[0])
+	for _, v := range vv[1:] {
+		if textproto.TrimString(v) != first {
+			return 0, false
+		}
+	}
+	if first == "" || len(first) > 18 {
+		return 0, false
+	}
+	for i := 0; i < len(first); i++ {
+		if c := first[i]; c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(first[i]-'0')
+	}
+	return n, true
+}
