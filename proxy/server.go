@@ -498,8 +498,9 @@ const (
 
 // watchAfter is how long a request runs on the own HTTP/1.1 server before the connection is
 // watched for the client going away (see http1.Server.WatchAfter): the longest a client
-// that left goes unseen, and short against any model's answer.
-const watchAfter = 2 * time.Millisecond
+// that left goes unseen, short against any model's answer, and long enough that a gateway
+// under load (requests queued a few ms) starts no watch for its quick answers.
+const watchAfter = 20 * time.Millisecond
 
 // ownServer reports whether c's API listener is served by the own HTTP/1.1 server.
 func ownServer(c *config.Config) bool { return !c.TLS.Enabled() && c.HTTPServer != "net/http" }

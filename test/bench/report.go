@@ -727,5 +727,5 @@ func (res *results) benchSection(p func(string, ...any)) {
 			p(" Through Sluice over loopback adds %.0f ns per event (1024-event streams, syscalls included).", s["ns/event"]-d["ns/event"])
 		}
 	}
-	p(" RelayLoop: one event per iteration of Reader.Next, Tap.Observe, Write and Flush.\n\n")
+	p(" RelayLoop: one event per iteration of Reader.Next, Tap.ObserveChunk (the tap's scan, which is also the chunk check), Write and Flush.\n\n")
 }
