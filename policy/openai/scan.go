@@ -1142,6 +1142,19 @@ func (c *cur) member(first *bool) (key []byte, esc bool, ok bool) {
 	if c.msg != "" {
 		return nil, false, false
 	}
+	// Compact JSON's common case in one pass: [,]"key":value with a short plain key.
+	if b, i := c.b, c.i; i < len(b) {
+		if !*first && b[i] == ',' {
+			i++
+		}
+		if i < len(b) && b[i] == '"' && (*first || i > c.i) {
+			if end, short := shortString(b, i); short && end+1 < len(b) && b[end] == ':' && b[end+1] > ' ' {
+				*first = false
+				c.i = end + 1
+				return b[i+1 : end-1], false, true
+			}
+		}
+	}
 	ch := c.peek()
 	if c.i >= len(c.b) {
 		c.fail(c.i, errEOF)
@@ -1280,6 +1293,29 @@ func (c *cur) skip(ts *textScanner) int {
 	if c.msg != "" {
 		return 0
 	}
+	if ts == nil && c.i < len(c.b) {
+		// A scalar (most skipped values: ids, names, numbers, nulls) without scanValue's
+		// container machinery.
+		var end int
+		var msg string
+		switch ch := c.b[c.i]; {
+		case ch == '"':
+			end, _, msg = scanString(c.b, c.i)
+		case ch == '-' || ('0' <= ch && ch <= '9'):
+			end, msg = scanNumber(c.b, c.i)
+		case ch == 't' || ch == 'f' || ch == 'n':
+			end, msg = scanLiteral(c.b, c.i)
+		default:
+			goto general
+		}
+		if msg != "" {
+			c.fail(end, msg)
+			return 0
+		}
+		c.i = end
+		return 1 // a scalar's depth, as scanValue has it
+	}
+general:
 	end, d, msg := scanValue(c.b, c.i, ts)
 	if msg != "" {
 		c.fail(end, msg)

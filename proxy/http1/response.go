@@ -40,7 +40,8 @@ type response struct {
 	written    int64
 	buf        []byte // the answer's start, until the head is sent
 	closeAfter bool
-	err        error // the first write error: every later write fails with it
+	err        error    // the first write error: every later write fails with it
+	scratch    [18]byte // a chunk's size line
 }
 
 func (r *response) reset(c *conn, req *http.Request) {
@@ -285,8 +286,7 @@ func (r *response) writeBody(p []byte) {
 	}
 	bw := r.c.bw
 	if r.chunked {
-		var hb [18]byte
-		h := strconv.AppendInt(hb[:0], int64(len(p)), 16)
+		h := strconv.AppendInt(r.scratch[:0], int64(len(p)), 16) // not on the stack: Write's argument escapes
 		h = append(h, '\r', '\n')
 		if _, err := bw.Write(h); err != nil {
 			r.fail(err)
