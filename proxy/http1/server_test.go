@@ -584,3 +584,24 @@ func TestReviewedDifferences(t *testing.T) {
 		t.Fatalf("request %+v", req)
 	}
 }
+
+// TestChunkedWriteAllocates: relaying a stream event through the server (a chunk and its
+// flush) allocates nothing.
+func TestChunkedWriteAllocates(t *testing.T) {
+	c := &conn{srv: &Server{}, bw: bufio.NewWriterSize(io.Discard, bufSize)}
+	r := &response{c: c, req: &http.Request{Method: http.MethodPost}, header: http.Header{}, clen: -1}
+	r.WriteHeader(http.StatusOK)
+	r.Flush() // the head, chunked
+	if !r.chunked {
+		t.Fatal("not chunked")
+	}
+	ev := []byte("data: {\"choices\":[{\"delta\":{\"content\":\" blue\"}}]}\n\n")
+	if n := testing.AllocsPerRun(200, func() {
+		if _, err := r.Write(ev); err != nil {
+			t.Fatal(err)
+		}
+		r.Flush()
+	}); n != 0 {
+		t.Fatalf("%.1f allocations an event", n)
+	}
+}
