@@ -139,7 +139,7 @@ func (c *conn) serveRequest(base context.Context, req *http.Request) (keep bool)
 	req.RemoteAddr = c.remote
 	var b *body // a new one each request: a transport may still read the last one
 	if req.ContentLength > 0 {
-		b = &body{c: c, n: req.ContentLength}
+		b = &body{c: c, lr: httphead.Body{R: c.br, N: req.ContentLength}}
 		req.Body = b
 	}
 	req = req.WithContext(ctx)
@@ -239,36 +239,21 @@ func isTimeout(err error) bool {
 type body struct {
 	mu     sync.Mutex
 	c      *conn
-	n      int64 // bytes still to read
+	lr     httphead.Body
 	closed bool
-	err    error
+	armed  bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch {
-	case b.closed:
+	if b.closed {
 		return 0, http.ErrBodyReadAfterClose
-	case b.err != nil:
-		return 0, b.err
-	case b.n <= 0:
-		return 0, io.EOF
 	}
-	if int64(len(p)) > b.n {
-		p = p[:b.n]
-	}
-	n, err := b.c.br.Read(p)
-	b.n -= int64(n)
-	switch {
-	case b.n == 0:
-		b.c.arm()
-		return n, io.EOF
-	case err == io.EOF:
-		err = io.ErrUnexpectedEOF
-	}
-	if err != nil {
-		b.err = err
+	n, err := b.lr.Read(p)
+	if err == io.EOF && !b.armed {
+		b.armed = true
+		b.c.arm() // read to its end: the watch for the client going away may start
 	}
 	return n, err
 }
@@ -284,7 +269,7 @@ func (b *body) Close() error {
 func (b *body) left() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.n
+	return b.lr.N
 }
 
 // drain reads and drops what the handler left of the body, within d; false when the
@@ -294,14 +279,14 @@ func (b *body) drain(d time.Duration) bool {
 	defer b.mu.Unlock()
 	b.closed = true
 	switch {
-	case b.n == 0:
+	case b.lr.N == 0:
 		return true
-	case b.err != nil || b.n > maxDiscard:
+	case b.lr.Err != nil || b.lr.N > maxDiscard:
 		return false
 	}
 	b.c.readDeadline(d)
-	_, err := io.CopyN(io.Discard, b.c.br, b.n)
+	_, err := io.CopyN(io.Discard, b.c.br, b.lr.N)
 	_ = b.c.nc.SetReadDeadline(time.Time{})
-	b.n = 0
+	b.lr.N = 0
 	return err == nil
 }

@@ -5,6 +5,7 @@
 package httphead
 
 import (
+	"io"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -148,4 +149,36 @@ func ContentLength(vv []string) (n int64, ok bool) {
 		n = n*10 + int64(first[i]-'0')
 	}
 	return n, true
+}
+
+// Body reads a message body of known length from R: N bytes, then io.EOF (with the last
+// bytes); io.ErrUnexpectedEOF when R ends first. An error sticks.
+type Body struct {
+	R   io.Reader
+	N   int64 // bytes still to read
+	Err error
+}
+
+func (b *Body) Read(p []byte) (int, error) {
+	if b.Err != nil {
+		return 0, b.Err
+	}
+	if b.N <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.N {
+		p = p[:b.N]
+	}
+	n, err := b.R.Read(p)
+	b.N -= int64(n)
+	switch {
+	case b.N == 0:
+		return n, io.EOF
+	case err == io.EOF:
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		b.Err = err
+	}
+	return n, err
 }

@@ -128,7 +128,7 @@ func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Respo
 		resp.Body = http.NoBody
 	case cl > 0:
 		resp.ContentLength = cl
-		resp.Body = &lengthBody{br: br, n: cl}
+		resp.Body = &lengthBody{httphead.Body{R: br, N: cl}}
 	default:
 		return nil // delimited by the connection's end: net/http's reader handles it
 	}
@@ -136,35 +136,7 @@ func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Respo
 }
 
 // lengthBody is an answer's body of known length.
-type lengthBody struct {
-	br  *bufio.Reader
-	n   int64
-	err error
-}
-
-func (b *lengthBody) Read(p []byte) (int, error) {
-	if b.err != nil {
-		return 0, b.err
-	}
-	if b.n <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > b.n {
-		p = p[:b.n]
-	}
-	n, err := b.br.Read(p)
-	b.n -= int64(n)
-	switch {
-	case b.n == 0:
-		return n, io.EOF
-	case err == io.EOF:
-		err = io.ErrUnexpectedEOF
-	}
-	if err != nil {
-		b.err = err
-	}
-	return n, err
-}
+type lengthBody struct{ httphead.Body }
 
 func (b *lengthBody) Close() error { return nil }
 

@@ -1,0 +1,100 @@
+package httphead
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net/http"
+	"net/textproto"
+	"reflect"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func TestHeader(t *testing.T) {
+	common := Common("Content-Type", "X-Request-Id")
+	for _, tc := range []struct {
+		in   string
+		want http.Header
+		ok   bool
+	}{
+		{"content-type: a/b\r\nx-request-id:  7 \r\nX-Other: 1\r\nx-other: 2\r\n\r\n",
+			http.Header{"Content-Type": {"a/b"}, "X-Request-Id": {"7"}, "X-Other": {"1", "2"}}, true},
+		{"A: 1\nB: 2\n\n", http.Header{"A": {"1"}, "B": {"2"}}, true},
+		{"\r\n", http.Header{}, true},
+		{"A: 1\r\n folded\r\n\r\n", nil, false},
+		{"A : 1\r\n\r\n", nil, false},
+		{"A: 1\rB: 2\r\n\r\n", nil, false},
+		{"A: \x01\r\n\r\n", nil, false},
+		{"A: 1\r\n", nil, false}, // no blank line
+		{"NoColon\r\n\r\n", nil, false},
+	} {
+		h, ok := Header(tc.in, common)
+		if ok != tc.ok || (ok && !reflect.DeepEqual(h, tc.want)) {
+			t.Errorf("Header(%q) = %v, %v; want %v, %v", tc.in, h, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestContentLength(t *testing.T) {
+	for _, tc := range []struct {
+		vv   []string
+		n    int64
+		okay bool
+	}{
+		{nil, -1, true}, {[]string{"0"}, 0, true}, {[]string{"12"}, 12, true}, {[]string{"12", "12"}, 12, true},
+		{[]string{"12", "13"}, 0, false}, {[]string{"+1"}, 0, false}, {[]string{"-1"}, 0, false}, {[]string{""}, 0, false},
+		{[]string{"1 2"}, 0, false}, {[]string{"9999999999999999999"}, 0, false},
+	} {
+		if n, ok := ContentLength(tc.vv); n != tc.n && ok || ok != tc.okay {
+			t.Errorf("ContentLength(%q) = %d, %v; want %d, %v", tc.vv, n, ok, tc.n, tc.okay)
+		}
+	}
+}
+
+func TestEnd(t *testing.T) {
+	head := []byte("GET / HTTP/1.1\r\nHost: h\r\n\r\nbody")
+	if n, _ := End(head, 0); n != len(head)-4 {
+		t.Fatalf("End = %d", n)
+	}
+	part := []byte("GET / HTTP/1.1\r\nHo")
+	n, resume := End(part, 0)
+	if n != 0 || resume != len("GET / HTTP/1.1\r\n") {
+		t.Fatalf("End(partial) = %d, %d", n, resume)
+	}
+}
+
+func TestBody(t *testing.T) {
+	b := &Body{R: iotest.OneByteReader(strings.NewReader("hello, and more")), N: 5}
+	got, err := io.ReadAll(b)
+	if string(got) != "hello" || err != nil {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	short := &Body{R: strings.NewReader("hi"), N: 5}
+	if _, err := io.ReadAll(short); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("short body: %v", err)
+	}
+	if _, err := short.Read(make([]byte, 1)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("the error does not stick: %v", err)
+	}
+}
+
+// FuzzHeader: a header Header accepts is the one net/textproto reads from the same lines.
+func FuzzHeader(f *testing.F) {
+	f.Add("Content-Type: a\r\nx-a: 1\r\nX-A: 2\r\n\r\n")
+	f.Add("A: 1\r\n b\r\n\r\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		h, ok := Header(s, Common("Content-Type"))
+		if !ok {
+			return
+		}
+		want, err := textproto.NewReader(bufio.NewReader(strings.NewReader(s))).ReadMIMEHeader()
+		if err != nil {
+			t.Fatalf("accepted %q; textproto refuses it: %v", s, err)
+		}
+		if !reflect.DeepEqual(h, http.Header(want)) {
+			t.Fatalf("%q: %v, textproto %v", s, h, want)
+		}
+	})
+}
