@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -363,5 +364,33 @@ func TestReaderPending(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReaderLineEndsAcrossRefills: a long stream mixing LF, CRLF and lone CR line ends, read
+// in odd sizes so that lines straddle the buffer's refills and compactions, reads as the
+// reference reading of the spec does (the reader's memory of where no CR is must follow the
+// buffer's moves).
+func TestReaderLineEndsAcrossRefills(t *testing.T) {
+	var in []byte
+	ends := []string{"\n", "\r\n", "\r"}
+	for i := range 600 {
+		e := ends[i%3]
+		if i%7 == 0 {
+			e = "\n" // runs of LF-only events between the others
+		}
+		in = fmt.Appendf(in, "data: {\"i\":%d,\"pad\":%q}%s%s", i, strings.Repeat("x", i%97), e, e)
+	}
+	ref := referenceSSE(in)
+	for _, sizes := range [][]int{{1}, {7, 3}, {4095, 2}, {500}, {4097}} {
+		got := readEvents(t, &chunkReader{b: in, sizes: sizes}, 1<<16)
+		if got.err != io.EOF || len(got.events) != len(ref.events) {
+			t.Fatalf("sizes %v: %d events (%v), reference %d", sizes, len(got.events), got.err, len(ref.events))
+		}
+		for i, e := range got.events {
+			if e.data != ref.events[i].data {
+				t.Fatalf("sizes %v: event %d data %q, reference %q", sizes, i, e.data, ref.events[i].data)
+			}
+		}
 	}
 }
