@@ -108,28 +108,15 @@ func (c *conn) readDeadline(d time.Duration) {
 // readHead reads ahead (without consuming) the next request's head and parses it: the
 // request and the head's length when this server serves it; a nil request when the
 // fallback must (the head is unusual, too large for the buffer, or not one net/http would
-// accept); an error when the connection failed first.
+// accept); an error when the connection failed first (cut off, or too slow: closed without
+// an answer, as net/http does).
 func (c *conn) readHead() (*http.Request, int, error) {
-	scanned := 0
-	for {
-		buf, _ := c.br.Peek(c.br.Buffered())
-		if n, more := httphead.End(buf, scanned); n > 0 {
-			return parseHead(buf[:n]), n, nil
-		} else {
-			scanned = more
-		}
-		if c.br.Buffered() >= bufSize {
-			return nil, 0, nil
-		}
-		if _, err := c.br.Peek(c.br.Buffered() + 1); err != nil {
-			return nil, 0, err // cut off, or too slow: closed without an answer, as net/http does
-		}
+	head, err := httphead.Peek(c.br)
+	if head == nil {
+		return nil, 0, err
 	}
+	return parseRequest(head), len(head), nil
 }
-
-// parseHead parses a request head as net/http's server would, or returns nil for what this
-// server leaves to the fallback (see parseRequest).
-func parseHead(head []byte) *http.Request { return parseRequest(head) }
 
 // serveRequest runs the handler on req and finishes its answer; false when the connection
 // must close.

@@ -215,17 +215,6 @@ func (r *response) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// WriteString saves the handler's io.WriteString a conversion.
-func (r *response) WriteString(s string) (int, error) {
-	if !r.sent && r.wrote && r.err == nil && r.req.Method != http.MethodHead && !r.noBody &&
-		(r.clen < 0 || r.written+int64(len(s)) <= r.clen) && len(r.buf)+len(s) <= bufferBeforeChunking {
-		r.written += int64(len(s))
-		r.buf = append(r.buf, s...)
-		return len(s), nil
-	}
-	return r.Write([]byte(s))
-}
-
 // sendHead writes the head: the framing (the handler's Content-Length; else, when the
 // handler is done, the length of what it wrote; else chunked), the sniffed Content-Type,
 // Date and Connection: close when the server closes after this answer.

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-
-	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -479,34 +477,6 @@ func TestSlowHead(t *testing.T) {
 	if got != "" {
 		t.Fatalf("answered %q", got)
 	}
-}
-
-// FuzzParseHead: whatever a client sends, reading its head never panics, and a request the
-// server serves itself is one net/http's reading accepts, with one Host line.
-func FuzzParseHead(f *testing.F) {
-	f.Add([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n"))
-	f.Add([]byte("GET / HTTP/1.1\nHost: h\n\n"))
-	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\nHOST: b\r\n\r\n"))
-	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		n, _ := httphead.End(b, 0)
-		if n == 0 {
-			return
-		}
-		if n > len(b) || b[n-1] != '\n' {
-			t.Fatalf("head end %d of %q", n, b)
-		}
-		req := parseHead(b[:n])
-		if req == nil {
-			return
-		}
-		if hostLines(b[:n]) != 1 || req.ProtoMinor != 1 || req.ContentLength < 0 {
-			t.Fatalf("served %q", b[:n])
-		}
-		if _, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b[:n]))); err != nil {
-			t.Fatalf("net/http refuses %q: %v", b[:n], err)
-		}
-	})
 }
 
 // TestBodyAfterHandler: a body still held after its handler returned (a transport's

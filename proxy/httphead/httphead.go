@@ -5,6 +5,7 @@
 package httphead
 
 import (
+	"bufio"
 	"io"
 	"net/http"
 	"net/textproto"
@@ -25,6 +26,27 @@ func End(b []byte, from int) (n, resume int) {
 			return i + j + 1, 0
 		}
 		i += j + 1
+	}
+}
+
+// Peek reads ahead in br, without consuming anything, until br's buffer holds a whole head
+// at its start: the head (its blank line included), or nil with a nil error when the head
+// does not fit in the buffer, or nil and the read's error when the connection failed first.
+func Peek(br *bufio.Reader) ([]byte, error) {
+	scanned := 0
+	for {
+		buf, _ := br.Peek(br.Buffered())
+		n, more := End(buf, scanned)
+		if n > 0 {
+			return buf[:n], nil
+		}
+		scanned = more
+		if br.Buffered() >= br.Size() {
+			return nil, nil
+		}
+		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			return nil, err
+		}
 	}
 }
 

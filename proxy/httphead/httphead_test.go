@@ -98,3 +98,22 @@ func FuzzHeader(f *testing.F) {
 		}
 	})
 }
+
+// TestPeek: a head is found across reads without consuming anything; a head larger than the
+// buffer, and a connection that ends first, are told apart.
+func TestPeek(t *testing.T) {
+	head := "GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+	br := bufio.NewReaderSize(iotest.OneByteReader(strings.NewReader(head+"body")), 64)
+	got, err := Peek(br)
+	if string(got) != head || err != nil || br.Buffered() < len(head) {
+		t.Fatalf("Peek = %q, %v (buffered %d)", got, err, br.Buffered())
+	}
+	big := bufio.NewReaderSize(strings.NewReader("GET / HTTP/1.1\r\nX: "+strings.Repeat("a", 100)+"\r\n\r\n"), 16)
+	if got, err := Peek(big); got != nil || err != nil {
+		t.Fatalf("head over the buffer: %q, %v", got, err)
+	}
+	cut := bufio.NewReaderSize(strings.NewReader("GET / HTTP/1.1\r\nHo"), 64)
+	if got, err := Peek(cut); got != nil || !errors.Is(err, io.EOF) {
+		t.Fatalf("cut head: %q, %v", got, err)
+	}
+}

@@ -38,24 +38,14 @@ func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 }
 
 // fastResponse parses the head at the start of br's buffer, reading more into the buffer
-// while the head is incomplete; nil when it is not one readResponse reads itself.
+// while the head is incomplete; nil when it is not one readResponse reads itself (a read
+// error too: http.ReadResponse meets the same error and reports it as it does).
 func fastResponse(br *bufio.Reader, req *http.Request) (*http.Response, int) {
-	scanned := 0
-	for {
-		buf, _ := br.Peek(br.Buffered())
-		n, more := httphead.End(buf, scanned)
-		if n > 0 {
-			resp := parseResponse(buf[:n], br, req)
-			return resp, n
-		}
-		scanned = more
-		if br.Buffered() >= br.Size() {
-			return nil, 0
-		}
-		if _, err := br.Peek(br.Buffered() + 1); err != nil {
-			return nil, 0 // http.ReadResponse meets the same error and reports it as it does
-		}
+	head, _ := httphead.Peek(br)
+	if head == nil {
+		return nil, 0
 	}
+	return parseResponse(head, br, req), len(head)
 }
 
 func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Response {
