@@ -1,7 +1,5 @@
 package openai
 
-import "encoding/binary"
-
 // WellFormedChunk reports whether a stream chunk's data can be relayed: a JSON object whose
 // structure is whole. It is a single pass over the bytes, several times cheaper than
 // json.Valid, and catches what breaks real streams: a chunk cut short, unbalanced braces or
@@ -76,12 +74,7 @@ func WellFormedChunk(data []byte) bool {
 // eight at a time (strings are most of a chunk's bytes: ids, model names, text).
 func stringEnd(b []byte, i int) int {
 	for {
-		for i+8 <= len(b) && !hasSpecial(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		for i < len(b) && class[b[i]]&clsSpecial == 0 {
-			i++
-		}
+		i = nextSpecial(b, i)
 		if i >= len(b) {
 			return -1
 		}

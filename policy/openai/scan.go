@@ -152,19 +152,7 @@ func shortString(b []byte, i int) (end int, ok bool) {
 func scanString(b []byte, i int) (end int, esc bool, msg string) {
 	i++
 	for {
-		// Fast path: eight bytes at a time, straight to the first special one; the last
-		// few bytes of the buffer one at a time.
-		for i+8 <= len(b) {
-			if m := specialMask(binary.LittleEndian.Uint64(b[i:])); m != 0 {
-				i += bits.TrailingZeros64(m) >> 3
-				goto special
-			}
-			i += 8
-		}
-		for i < len(b) && class[b[i]]&clsSpecial == 0 {
-			i++
-		}
-	special:
+		i = nextSpecial(b, i)
 		if i >= len(b) {
 			return i, esc, errEOF
 		}
@@ -198,8 +186,21 @@ func scanString(b []byte, i int) (end int, esc bool, msg string) {
 	}
 }
 
-// hasSpecial reports whether any of the eight bytes in x is '"', '\\' or below 0x20.
-func hasSpecial(x uint64) bool { return specialMask(x) != 0 }
+// nextSpecial is the index of the first '"', '\\' or control byte of b at or after i (len(b)
+// if none): eight bytes at a time, straight to the first special one, the last few bytes one
+// at a time.
+func nextSpecial(b []byte, i int) int {
+	for i+8 <= len(b) {
+		if m := specialMask(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		i += 8
+	}
+	for i < len(b) && class[b[i]]&clsSpecial == 0 {
+		i++
+	}
+	return i
+}
 
 // specialMask has the high bit of each byte of x (little-endian: the first byte in memory
 // is the lowest) that is '"', '\\' or below 0x20 set, and may have false ones above the
