@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -154,7 +155,7 @@ func run(rounds int, dur time.Duration, conns int) error {
 			t.requests += n
 		}
 	}
-	fmt.Printf("wrk -t1 -c%d, %d rounds of %v per proxy, order rotated; upstream `sluice mock` (zero delay); all on this machine's %d CPUs\n\n", conns, rounds, dur, numCPU())
+	fmt.Printf("wrk -t1 -c%d, %d rounds of %v per proxy, order rotated; upstream `sluice mock` (zero delay); all on this machine's %d CPUs\n\n", conns, rounds, dur, runtime.NumCPU())
 	fmt.Println("| proxy | requests | req/s | CPU per request | ÷ Sluice |")
 	fmt.Println("|---|---|---|---|---|")
 	base := cpuPer(ts[0])
@@ -244,12 +245,4 @@ func waitPost(addr, body string, within time.Duration) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-func numCPU() int {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return 0
-	}
-	return strings.Count(string(b), "processor\t:")
 }
