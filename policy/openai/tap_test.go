@@ -665,18 +665,20 @@ func TestTapObserveChunk(t *testing.T) {
 	role := Event{Data: []byte(`{"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)}
 	for _, tc := range []struct {
 		name, data string
-		ok         bool
+		ok, token  bool // relayed; counted as a token event
 	}{
-		{"token", `{"id":"c1","choices":[{"index":0,"delta":{"content":" blue"},"finish_reason":null}]}`, true},
-		{"spaced", ` { "choices" : [ { "delta" : { "content" : "x" } } ] } ` + "\r\n", true},
-		{"finish", `{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, true},
-		{"NaN logprob (lenient: relayed)", `{"choices":[{"delta":{"content":"x"},"logprobs":{"content":[{"token":"x","logprob":NaN}]}}]}`, true},
-		{"not an object", `[1,2]`, false},
-		{"truncated finish", `{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}`, false},
-		{"truncated usage", `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2`, false},
-		{"two objects", `{"choices":[]}{"choices":[]}`, false},
-		{"trailing comma", `{"choices":[{"delta":{"content":"x"}}],}`, false},
-		{"control byte in a string", "{\"choices\":[{\"delta\":{\"content\":\"a\x01\"}}]}", false},
+		{"token", `{"id":"c1","choices":[{"index":0,"delta":{"content":" blue"},"finish_reason":null}]}`, true, true},
+		{"spaced", ` { "choices" : [ { "delta" : { "content" : "x" } } ] } ` + "\r\n", true, true},
+		{"finish", `{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, true, false},
+		{"JSON inside prose", `{"choices":[{"index":0,"delta":{"content":"Here: {\"a\": [1, \"}\"]} \u00e9\n"},"finish_reason":null}]}`, true, true},
+		{"tool call with n=2", `{"choices":[{"index":1,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"city\": \"Par"}}]},"finish_reason":null}],"usage":null}`, true, true},
+		{"NaN logprob (lenient: relayed)", `{"choices":[{"delta":{"content":"x"},"logprobs":{"content":[{"token":"x","logprob":NaN}]}}]}`, true, true},
+		{"not an object", `[1,2]`, false, false},
+		{"truncated finish", `{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}`, false, false},
+		{"truncated usage", `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2`, false, false},
+		{"two objects", `{"choices":[]}{"choices":[]}`, false, false},
+		{"trailing comma", `{"choices":[{"delta":{"content":"x"}}],}`, false, false},
+		{"control byte in a string", "{\"choices\":[{\"delta\":{\"content\":\"a\x01\"}}]}", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var tap Tap
@@ -698,6 +700,9 @@ func TestTapObserveChunk(t *testing.T) {
 			}
 			if ok && tap.Events != before.Events+1 {
 				t.Fatalf("Events %d, want %d", tap.Events, before.Events+1)
+			}
+			if got := tap.TokenEvents > before.TokenEvents; got != tc.token {
+				t.Fatalf("counted as a token event: %v, want %v", got, tc.token)
 			}
 		})
 	}
