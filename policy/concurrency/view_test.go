@@ -1,7 +1,6 @@
 package concurrency
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -21,10 +20,7 @@ var (
 func TestViewAndMetrics(t *testing.T) {
 	clk := newClock()
 	l := newLimiter(t, static(1, 1), clk)
-	holder := admitNow(t, l, req("x"))
-	results := make(chan result, 1)
-	admitAsync(context.Background(), l, "w", req("a"), results)
-	waitQueued(t, l, 1)
+	holder, results := holdAndQueue(t, l)
 	wantReject(t, l, admitNow(t, l, req("late")), ReasonQueueFull)
 
 	m := metricstest.Collect(t, l)
