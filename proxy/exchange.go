@@ -437,9 +437,10 @@ func (ex *exchange) idHeader() []string {
 	return ex.idValue
 }
 
-// headerValue is a header's value list of v alone, capped so that an Add never writes into it:
-// for values shared between header maps and requests (the request id, constants).
-func headerValue(v string) []string { return []string{v}[:1:1] }
+// headerValue is a header's value list of v alone, for values shared between header maps and
+// requests (the request id, constants): its capacity is its length, 1, so an Add to one map
+// copies it rather than writing into the others'.
+func headerValue(v string) []string { return []string{v} }
 
 // attemptsValues are the X-Sluice-Attempts values of the usual attempt counts, shared.
 var attemptsValues = func() [][]string {

@@ -138,6 +138,17 @@ type result struct {
 	err  error
 }
 
+// holdAndQueue admits one request, which holds l's one slot, and queues a second behind it:
+// it returns the holder's decision and where the waiter's result comes.
+func holdAndQueue(t testing.TB, l *Limiter) (holder policy.Decision, waiter <-chan result) {
+	t.Helper()
+	holder = admitNow(t, l, req("x"))
+	results := make(chan result, 1)
+	admitAsync(context.Background(), l, "w", req("a"), results)
+	waitQueued(t, l, 1)
+	return holder, results
+}
+
 func admitAsync(ctx context.Context, l *Limiter, name string, r *policy.Request, out chan<- result) {
 	go func() {
 		d, err := l.Admit(ctx, r)

@@ -258,10 +258,7 @@ func TestMaxWaitTimesOut(t *testing.T) {
 	p := static(1, 10)
 	p.MaxWait = policy.Duration(2 * time.Second)
 	l := newLimiter(t, p, clk)
-	holder := admitNow(t, l, req("x"))
-	results := make(chan result, 1)
-	admitAsync(context.Background(), l, "w", req("a"), results)
-	waitQueued(t, l, 1)
+	holder, results := holdAndQueue(t, l)
 	clk.Advance(time.Second)
 	select {
 	case r := <-results:
@@ -280,10 +277,7 @@ func TestMaxWaitTimesOut(t *testing.T) {
 func TestWaitHistogramAndHoldTime(t *testing.T) {
 	clk := newClock()
 	l := newLimiter(t, static(1, 10), clk)
-	holder := admitNow(t, l, req("x"))
-	results := make(chan result, 1)
-	admitAsync(context.Background(), l, "w", req("a"), results)
-	waitQueued(t, l, 1)
+	holder, results := holdAndQueue(t, l)
 	clk.Advance(300 * time.Millisecond)
 	holder.Done(ok200)
 	r := <-results

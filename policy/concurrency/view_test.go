@@ -1,7 +1,6 @@
 package concurrency
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -21,10 +20,7 @@ var (
 func TestViewAndMetrics(t *testing.T) {
 	clk := newClock()
 	l := newLimiter(t, static(1, 1), clk)
-	holder := admitNow(t, l, req("x"))
-	results := make(chan result, 1)
-	admitAsync(context.Background(), l, "w", req("a"), results)
-	waitQueued(t, l, 1)
+	holder, results := holdAndQueue(t, l)
 	wantReject(t, l, admitNow(t, l, req("late")), ReasonQueueFull)
 
 	m := metricstest.Collect(t, l)
@@ -37,14 +33,7 @@ func TestViewAndMetrics(t *testing.T) {
 		want[metricstest.Key("sluice_concurrency_rejections_total", [2]string{"reason", r})] = 0
 	}
 	want[metricstest.Key("sluice_concurrency_rejections_total", [2]string{"reason", ReasonQueueFull})] = 1
-	for k, v := range want {
-		if s, ok := m[k]; !ok || s.Value != v {
-			t.Errorf("%s = %v (reported: %t), want %v", k, s.Value, ok, v)
-		}
-	}
-	if len(m) != len(want)+1 {
-		t.Errorf("%d samples, want %d: %v", len(m), len(want)+1, m)
-	}
+	metricstest.Expect(t, m, want, "sluice_concurrency_wait_seconds")
 	if v, ok := l.AdminView().(Snapshot); !ok || v.Route != "chat" || v.Limit != 1 || v.Queued != 1 || len(v.Waiters) != 1 {
 		t.Fatalf("AdminView = %#v", l.AdminView())
 	}

@@ -41,14 +41,7 @@ func TestViewMetricsAndReset(t *testing.T) {
 	}
 	want[metricstest.Key("sluice_guard_rejections_total", [2]string{"code", string(CodePromptTooDeep)})] = 2
 	want[metricstest.Key("sluice_guard_rejections_total", [2]string{"code", string(CodeBreakerOpen)})] = 1
-	for k, v := range want {
-		if s, ok := m[k]; !ok || s.Value != v {
-			t.Errorf("%s = %v (reported: %t), want %v", k, s.Value, ok, v)
-		}
-	}
-	if len(m) != len(want) {
-		t.Errorf("%d samples, want %d: %v", len(m), len(want), m)
-	}
+	metricstest.Expect(t, m, want)
 	if s := m["sluice_guard_level"]; s.Kind != policy.Gauge {
 		t.Errorf("sluice_guard_level is kind %d, want a gauge", s.Kind)
 	}

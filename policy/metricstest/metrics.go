@@ -41,6 +41,28 @@ func Collect(t testing.TB, r policy.MetricsReporter) map[string]policy.Sample {
 	return out
 }
 
+// Expect fails t unless m (what Collect returned) holds a sample of each key of want with
+// its value, a sample of each key of others (those whose values another check reads: a
+// histogram's), and no other sample.
+func Expect(t testing.TB, m map[string]policy.Sample, want map[string]float64, others ...string) {
+	t.Helper()
+	for k, v := range want {
+		if s, ok := m[k]; !ok || s.Value != v {
+			t.Errorf("%s = %v (reported: %t), want %v", k, s.Value, ok, v)
+		}
+	}
+	for _, k := range others {
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s not reported", k)
+		}
+	}
+	for k := range m {
+		if _, ok := want[k]; !ok && !slices.Contains(others, k) {
+			t.Errorf("%s reported, not expected", k)
+		}
+	}
+}
+
 // Key is the key Collect files a sample under.
 func Key(name string, labels ...[2]string) string {
 	if len(labels) == 0 {

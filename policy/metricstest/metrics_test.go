@@ -80,3 +80,34 @@ func TestCollect(t *testing.T) {
 		t.Errorf("Key = %s", k)
 	}
 }
+
+func TestExpect(t *testing.T) {
+	m := map[string]policy.Sample{
+		"sluice_x_level":   {Value: 1},
+		"sluice_x_seconds": {Kind: policy.Histogram, Count: 3},
+	}
+	for _, tc := range []struct {
+		name   string
+		want   map[string]float64
+		others []string
+		err    string // a part of the error; "" none
+	}{
+		{"all", map[string]float64{"sluice_x_level": 1}, []string{"sluice_x_seconds"}, ""},
+		{"wrong value", map[string]float64{"sluice_x_level": 2}, []string{"sluice_x_seconds"}, "sluice_x_level = 1 (reported: true), want 2"},
+		{"missing", map[string]float64{"sluice_x_level": 1, "sluice_x_total": 0}, []string{"sluice_x_seconds"}, "sluice_x_total = 0 (reported: false)"},
+		{"missing other", map[string]float64{"sluice_x_level": 1}, []string{"sluice_x_seconds", "sluice_y_seconds"}, "sluice_y_seconds not reported"},
+		{"not expected", map[string]float64{"sluice_x_level": 1}, nil, "sluice_x_seconds reported, not expected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{TB: t}
+			Expect(rec, m, tc.want, tc.others...)
+			errs := strings.Join(rec.errs, "; ")
+			switch {
+			case tc.err == "" && errs != "":
+				t.Errorf("errors %s", errs)
+			case tc.err != "" && !strings.Contains(errs, tc.err):
+				t.Errorf("errors %q, want one with %q", errs, tc.err)
+			}
+		})
+	}
+}

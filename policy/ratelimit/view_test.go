@@ -32,14 +32,7 @@ func TestViewAndMetrics(t *testing.T) {
 		want[metricstest.Key("sluice_ratelimit_rejections_total", [2]string{"reason", r})] = 0
 	}
 	want[metricstest.Key("sluice_ratelimit_rejections_total", [2]string{"reason", ReasonRequests})] = 1
-	for k, v := range want {
-		if s, ok := m[k]; !ok || s.Value != v {
-			t.Errorf("%s = %v (reported: %t), want %v", k, s.Value, ok, v)
-		}
-	}
-	if len(m) != len(want) {
-		t.Errorf("%d samples, want %d: %v", len(m), len(want), m)
-	}
+	metricstest.Expect(t, m, want)
 
 	v, ok := l.AdminView().(View)
 	if !ok || v.Stats.Admitted != 1 || v.Stats.Rejected[ReasonRequests] != 1 || len(v.Keys) != 1 || v.Keys[0].Key != "a" {

@@ -22,6 +22,7 @@ type fakeGateway struct {
 	notReady string
 	weights  map[string]int
 	resets   []string
+	shadow   error // ShadowReport's error
 }
 
 func (g *fakeGateway) Config() *config.Config                          { return g.cfg }
@@ -39,7 +40,7 @@ func (g *fakeGateway) Policies() []Policy {
 	return []Policy{{Route: "chat", Type: "guard", Name: "guard", Contracts: []string{"admin_view", "tenant_reset"}, Plugin: (*fakeGuard)(g)}}
 }
 func (g *fakeGateway) ShadowReport(context.Context, bool) (shadow.Report, error) {
-	return shadow.Report{}, nil
+	return shadow.Report{}, g.shadow
 }
 func (g *fakeGateway) ShadowStore() *shadow.Store  { return nil }
 func (g *fakeGateway) Signals(context.Context) any { return map[string]int{"endpoints": 0} }
@@ -116,6 +117,9 @@ func TestHandler(t *testing.T) {
 		{"POST", "/admin/reload", "", 400, `"code":"invalid_config"`},
 		{"GET", "/admin/gpu", "", 200, `"endpoints": 0`},
 		{"GET", "/admin/shadow/export", "", 404, `"code":"no_shadow_store"`},
+		{"GET", "/admin/shadow.json", "", 200, "{"},
+		{"POST", "/admin/shadow/judge", "", 200, "{"},
+		{"GET", "/admin/shadow", "", 200, "<"},
 		{"GET", "/admin/xds", "", 404, ""},    // not under xDS
 		{"GET", "/admin/faults", "", 404, ""}, // no chaos engine given
 	} {
@@ -134,6 +138,13 @@ func TestHandler(t *testing.T) {
 	}
 	if len(g.resets) != 1 || g.resets[0] != "t1" {
 		t.Errorf("resets %v, want [t1]", g.resets)
+	}
+
+	g.shadow = errors.New("shadow store closed")
+	for _, ep := range []struct{ method, path string }{{"GET", "/admin/shadow"}, {"GET", "/admin/shadow.json"}, {"POST", "/admin/shadow/judge"}} {
+		if status, body := do(ep.method, ep.path, "", ""); status != 500 || !strings.Contains(body, `"code":"shadow_report"`) || !strings.Contains(body, "shadow store closed") {
+			t.Errorf("%s %s without a report: %d %s, want 500 shadow_report with the cause", ep.method, ep.path, status, body)
+		}
 	}
 
 	g.notReady = "draining"

@@ -17,30 +17,27 @@ import (
 //	GET  /admin/shadow/export   stored pairs, redacted, as JSONL (?route=R&limit=N)
 func (a *api) shadowRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /admin/shadow.json", a.authorized(func(w http.ResponseWriter, r *http.Request) {
-		rep, err := a.gw.ShadowReport(r.Context(), false)
-		if err != nil {
-			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+		rep, ok := a.shadowReport(w, r, false)
+		if !ok {
 			return
 		}
 		WriteJSON(w, http.StatusOK, rep)
 	}))
 	mux.Handle("POST /admin/shadow/judge", a.authorized(func(w http.ResponseWriter, r *http.Request) {
-		rep, err := a.gw.ShadowReport(r.Context(), true)
-		if err != nil {
-			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+		rep, ok := a.shadowReport(w, r, true)
+		if !ok {
 			return
 		}
 		WriteJSON(w, http.StatusOK, rep)
 	}))
 	mux.Handle("GET /admin/shadow", a.authorized(func(w http.ResponseWriter, r *http.Request) {
-		rep, err := a.gw.ShadowReport(r.Context(), false)
-		if err != nil {
-			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+		rep, ok := a.shadowReport(w, r, false)
+		if !ok {
 			return
 		}
 		var b bytes.Buffer
 		if err := rep.WriteHTML(&b); err != nil {
-			openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
+			reportFailed(w, err)
 			return
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -84,4 +81,19 @@ func (a *api) shadowRoutes(mux *http.ServeMux) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		_ = shadow.ExportJSONL(r.Context(), w, pairs)
 	}))
+}
+
+// shadowReport is the gateway's shadow report (judged first with judge); when there is none
+// it answers 500 itself.
+func (a *api) shadowReport(w http.ResponseWriter, r *http.Request, judge bool) (shadow.Report, bool) {
+	rep, err := a.gw.ShadowReport(r.Context(), judge)
+	if err != nil {
+		reportFailed(w, err)
+		return shadow.Report{}, false
+	}
+	return rep, true
+}
+
+func reportFailed(w http.ResponseWriter, err error) {
+	openai.WriteError(w, openai.NewError(http.StatusInternalServerError, "server_error", "shadow_report", err.Error()))
 }
