@@ -34,7 +34,7 @@ func (ex *exchange) watchStream() []policy.StreamWatcher {
 	}
 	var ws []policy.StreamWatcher
 	if ex.capture {
-		ws = append(ws, resumeCapture{ex})
+		ws = append(ws, resumeCapture{ex: ex, first: !ex.committed})
 	}
 	if ex.mirror != nil {
 		ws = append(ws, ex.mirror)
@@ -48,13 +48,17 @@ func (ex *exchange) watchStream() []policy.StreamWatcher {
 }
 
 // resumeCapture keeps what a resumable stream relayed (the text, whether a continuation can
-// carry it) and the first stream's chunk id, which a continuation's chunks are given.
-type resumeCapture struct{ ex *exchange }
+// carry it) and the first stream's chunk id, which a continuation's chunks are given. Only
+// the first stream's id: a continuation's own never is, even when the first had none.
+type resumeCapture struct {
+	ex    *exchange
+	first bool // the attempt's stream is the first the client gets (not a continuation)
+}
 
 func (c resumeCapture) Event(ev policy.StreamEvent) policy.StreamAction {
 	c.ex.streamed.Add(ev.Data)
-	if c.ex.streamID == nil {
-		c.ex.streamID = chunkID(ev.Data) // the first stream's: a continuation's comes after it
+	if c.first && c.ex.streamID == nil {
+		c.ex.streamID = chunkID(ev.Data)
 	}
 	return policy.StreamAction{}
 }

@@ -457,3 +457,29 @@ routes:
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestResumeCaptureKeepsTheFirstStreamsID: a continuation's chunks carry the first stream's
+// id; a continuation never gives its own, even when the first stream had none (as before the
+// capture became a stream watcher).
+func TestResumeCaptureKeepsTheFirstStreamsID(t *testing.T) {
+	chunk := func(id string) policy.StreamEvent {
+		return policy.StreamEvent{Data: []byte(`{"id":"` + id + `","choices":[{"index":0,"delta":{"content":"x"}}]}`)}
+	}
+	ex := &exchange{capture: true}
+	first := ex.watchStream()
+	first[0].Event(chunk("chatcmpl-first"))
+	ex.committed = true // the client has the first stream's headers
+	first[0].Event(chunk("chatcmpl-later"))
+	cont := ex.watchStream()
+	cont[0].Event(chunk("chatcmpl-cont"))
+	if string(ex.streamID) != `"chatcmpl-first"` {
+		t.Fatalf("stream id %s, want the first stream's", ex.streamID)
+	}
+	bare := &exchange{capture: true}
+	bare.watchStream()[0].Event(policy.StreamEvent{Data: []byte(`{"choices":[{"index":0,"delta":{"content":"x"}}]}`)})
+	bare.committed = true
+	bare.watchStream()[0].Event(chunk("chatcmpl-cont"))
+	if bare.streamID != nil {
+		t.Fatalf("a continuation gave its own id %s to a stream that had none", bare.streamID)
+	}
+}
