@@ -193,12 +193,7 @@ func (m metrics) value(t *testing.T, name string, labels ...string) float64 {
 // state as a gateway names it.
 func TestMetrics(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, storePath, file := sqliteStore(t)
 	defer st.Close()
 	storePairs(t, st, "cand", 40, 60*time.Millisecond, time.Now().Add(-time.Hour)) // regressed: rollback
 	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))

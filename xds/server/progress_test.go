@@ -195,12 +195,7 @@ func embeddingsCluster(t *testing.T, r *discoverygrpc.DeltaDiscoveryResponse) st
 // the store as the verdict's action; a file change of the route's weights resets them.
 func TestProgression(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, storePath, file := sqliteStore(t)
 	defer st.Close()
 	t0 := time.Now().Add(-time.Hour)
 	storePairs(t, st, "cand", 40, 60*time.Millisecond, t0)
@@ -330,6 +325,20 @@ func TestProgressionStoreDown(t *testing.T) {
 			t.Fatalf("status %+v", st)
 		}
 	})
+}
+
+// sqliteStore opens a SQLite shadow store in a temporary directory, and names a config
+// file beside it. The caller closes the store (deferred before goleak's check runs: a
+// t.Cleanup would run after it).
+func sqliteStore(t *testing.T) (st *shadow.Store, storePath, file string) {
+	t.Helper()
+	dir := t.TempDir()
+	storePath, file = filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
+	st, err := shadow.OpenStore(context.Background(), storePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, storePath, file
 }
 
 func startServerWith(t *testing.T, opts Options) (*Server, string) {
@@ -681,12 +690,7 @@ func TestProgressionRestoresWeights(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	for _, tc := range restoreCases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-			st, err := shadow.OpenStore(context.Background(), storePath)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st, storePath, file := sqliteStore(t)
 			defer st.Close()
 			// Recent steps (the progression's interval is 1m), and no pairs: the first
 			// verdict holds, so the weight served is the recovered one.
@@ -726,12 +730,7 @@ func TestProgressionRestoresWeights(t *testing.T) {
 	}
 
 	t.Run("a promotion goes on from the recovered weight", func(t *testing.T) {
-		dir := t.TempDir()
-		storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-		st, err := shadow.OpenStore(context.Background(), storePath)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, storePath, file := sqliteStore(t)
 		defer st.Close()
 		storePairs(t, st, "next", 40, 0, time.Now().Add(-time.Hour)) // identical: promote
 		writeFile(t, file, progressConfig(t, "next", 0, 30, "embed"))
@@ -784,12 +783,7 @@ func TestProgressionRestoresWeights(t *testing.T) {
 // promotion it had made) and says why; once they can, it recovers and judges.
 func TestProgressionWaitsForTheRecovery(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, storePath, file := sqliteStore(t)
 	defer st.Close()
 	storePairs(t, st, "next", 40, 0, time.Now().Add(-time.Hour)) // identical: promote
 	db, err := sql.Open("sqlite", storePath)
@@ -827,12 +821,7 @@ func TestProgressionWaitsForTheRecovery(t *testing.T) {
 // written. It serves its weights as they are until its own steps are written.
 func TestStoredWeightsWaitForOwnSteps(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _, file := sqliteStore(t)
 	defer st.Close()
 	writeFile(t, file, progressConfig(t, "next", 0, 30, "embed"))
 	step := shadow.VerdictRecord{Route: "chat", CandidateID: "next", Instance: Instance, Time: time.Now().Add(-time.Minute),
