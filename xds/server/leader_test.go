@@ -5,11 +5,13 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -265,4 +267,41 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("failed reads %v after one, want 1 (status %+v)", got, s.Status().Progression.Routes[0])
 		}
 	})
+}
+
+// lockedBuffer is a goroutine-safe log sink.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestReleaseLeadSQLite: a control plane on a SQLite store leads without a lock, so
+// stopping gives none up and says nothing of a lead.
+func TestReleaseLeadSQLite(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	st, storePath, file := sqliteStore(t)
+	defer st.Close()
+	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
+	logs := &lockedBuffer{}
+	s, _, stop := runServer(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if p := s.Status().Progression; p.Role != RoleLeader {
+		t.Fatalf("on a SQLite store: %+v, want the leader", p)
+	}
+	stop()
+	if out := logs.String(); strings.Contains(out, "lead given up") || strings.Contains(out, "giving the lead up") {
+		t.Errorf("a SQLite store's control plane stopped as if it held a lock:\n%s", out)
+	}
 }
