@@ -3,11 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -120,20 +117,11 @@ func TestControlPlaneHandover(t *testing.T) {
 	t.Logf("handover: the follower led %v after the leader was killed (shadow.interval 200ms)", handover.Round(time.Millisecond))
 
 	// The new leader's metrics say it leads.
-	req, err := http.NewRequest(http.MethodGet, "http://"+b.admin+"/metrics", nil)
-	if err != nil {
-		t.Fatal(err)
+	if v := metricValue(t, hc, b.admin, "sluice_xds_progression_leader"); v != 1 {
+		t.Errorf("the new leader's sluice_xds_progression_leader is %v, want 1", v)
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{"sluice_xds_progression_leader 1", `sluice_xds_progression_weight{route="chat",split="next"} 30`} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("the new leader's /metrics lack %q", want)
-		}
+	if v := metricValue(t, hc, b.admin, "sluice_xds_progression_weight", `route="chat"`, `split="next"`); v != 30 {
+		t.Errorf(`the new leader's sluice_xds_progression_weight{route="chat",split="next"} is %v, want 30`, v)
 	}
 
 	// Each step is in the store once: never two control planes stepping.

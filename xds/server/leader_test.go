@@ -5,11 +5,13 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +21,6 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
-	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/shadow"
 	"github.com/sluicegw/sluice/test/pgtest"
 )
@@ -189,17 +190,12 @@ func (m metrics) value(t *testing.T, name string, labels ...string) float64 {
 	return -1
 }
 
-// TestMetrics: the control plane's /metrics, as the admin API wants it authorised, count
-// its pushes, nodes, steps, verdicts, weights and failed reads, with the store writer's
+// TestMetrics: the control plane's /metrics (authorised as /admin/xds: TestAdminHandler)
+// count its pushes, nodes, steps, verdicts, weights and failed reads, with the store writer's
 // state as a gateway names it.
 func TestMetrics(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, storePath, file := sqliteStore(t)
 	defer st.Close()
 	storePairs(t, st, "cand", 40, 60*time.Millisecond, time.Now().Add(-time.Hour)) // regressed: rollback
 	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
@@ -271,37 +267,41 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("failed reads %v after one, want 1 (status %+v)", got, s.Status().Progression.Routes[0])
 		}
 	})
+}
 
-	t.Run("authorised as /admin/xds", func(t *testing.T) {
-		s, err := New(Options{ConfigPath: file})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tc := range []struct {
-			name, listen, token, sent string
-			want                      int
-		}{
-			{"loopback, no token set", "127.0.0.1:18001", "", "", http.StatusOK},
-			{"token set, none sent", "127.0.0.1:18001", "s3cret", "", http.StatusUnauthorized},
-			{"token set, wrong one sent", "127.0.0.1:18001", "s3cret", "nope", http.StatusUnauthorized},
-			{"token set and sent", "0.0.0.0:18001", "s3cret", "s3cret", http.StatusOK},
-			{"not loopback, no token set", "0.0.0.0:18001", "", "", http.StatusUnauthorized},
-		} {
-			t.Run(tc.name, func(t *testing.T) {
-				t.Setenv(config.DefaultAdminTokenEnv, tc.token)
-				req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-				if tc.sent != "" {
-					req.Header.Set("Authorization", "Bearer "+tc.sent)
-				}
-				rec := httptest.NewRecorder()
-				s.AdminHandler(tc.listen).ServeHTTP(rec, req)
-				if rec.Code != tc.want {
-					t.Fatalf("status %d, want %d", rec.Code, tc.want)
-				}
-				if tc.want == http.StatusOK && !strings.Contains(rec.Body.String(), "sluice_xds_snapshot_pushes_total") {
-					t.Errorf("no metrics: %s", rec.Body)
-				}
-			})
-		}
-	})
+// lockedBuffer is a goroutine-safe log sink.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestReleaseLeadSQLite: a control plane on a SQLite store leads without a lock, so
+// stopping gives none up and says nothing of a lead.
+func TestReleaseLeadSQLite(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	st, storePath, file := sqliteStore(t)
+	defer st.Close()
+	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
+	logs := &lockedBuffer{}
+	s, _, stop := runServer(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if p := s.Status().Progression; p.Role != RoleLeader {
+		t.Fatalf("on a SQLite store: %+v, want the leader", p)
+	}
+	stop()
+	if out := logs.String(); strings.Contains(out, "lead given up") || strings.Contains(out, "giving the lead up") {
+		t.Errorf("a SQLite store's control plane stopped as if it held a lock:\n%s", out)
+	}
 }

@@ -734,12 +734,13 @@ func (s *Server) leading(ctx context.Context, st *shadow.Store) bool {
 }
 
 // releaseLead gives the progression lock up (Serve, stopping), after the steps held were
-// written: the control plane that leads next reads them.
+// written: the control plane that leads next reads them. A SQLite store has no lock to
+// give up (its one control plane leads; the writer's Close writes what it holds).
 func (s *Server) releaseLead(ctx context.Context, w *shadow.Writer) {
 	s.mu.Lock()
 	l := s.lead
 	s.mu.Unlock()
-	if l == nil || !l.Held() {
+	if st := w.Store(); l == nil || st == nil || !st.Shared() || !l.Held() {
 		return
 	}
 	if err := w.Flush(ctx); err != nil {

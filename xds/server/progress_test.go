@@ -195,12 +195,7 @@ func embeddingsCluster(t *testing.T, r *discoverygrpc.DeltaDiscoveryResponse) st
 // the store as the verdict's action; a file change of the route's weights resets them.
 func TestProgression(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, storePath, file := sqliteStore(t)
 	defer st.Close()
 	t0 := time.Now().Add(-time.Hour)
 	storePairs(t, st, "cand", 40, 60*time.Millisecond, t0)
@@ -332,6 +327,20 @@ func TestProgressionStoreDown(t *testing.T) {
 	})
 }
 
+// sqliteStore opens a SQLite shadow store in a temporary directory, and names a config
+// file beside it. The caller closes the store (deferred before goleak's check runs: a
+// t.Cleanup would run after it).
+func sqliteStore(t *testing.T) (st *shadow.Store, storePath, file string) {
+	t.Helper()
+	dir := t.TempDir()
+	storePath, file = filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
+	st, err := shadow.OpenStore(context.Background(), storePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, storePath, file
+}
+
 func startServerWith(t *testing.T, opts Options) (*Server, string) {
 	t.Helper()
 	s, addr, _ := runServer(t, opts)
@@ -379,12 +388,34 @@ func runServer(t *testing.T, opts Options) (_ *Server, addr string, stop func())
 	return s, ln.Addr().String(), stop
 }
 
+// TestAdminHandler: /admin/xds and /metrics want the same authorisation (authorized), and
+// refuse in OpenAI's error shape.
 func TestAdminHandler(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "sluice.yaml")
 	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
 	s, err := New(Options{ConfigPath: file, ShadowStore: "postgres://sluice:hunter2@db.internal/shadow"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	served := []struct {
+		path  string
+		check func(t *testing.T, body []byte)
+	}{
+		{"/admin/xds", func(t *testing.T, body []byte) {
+			var st Status
+			if err := json.Unmarshal(body, &st); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(body), "hunter2") || !st.Progression.On || st.Progression.Instance != Instance ||
+				len(st.Progression.Routes) != 1 || st.Progression.Routes[0].Weight != 10 || st.Version == "" {
+				t.Errorf("status %s", body)
+			}
+		}},
+		{"/metrics", func(t *testing.T, body []byte) {
+			if !strings.Contains(string(body), "sluice_xds_snapshot_pushes_total") {
+				t.Errorf("no metrics: %s", body)
+			}
+		}},
 	}
 	for _, tc := range []struct {
 		name, listen, token, sent string
@@ -396,35 +427,30 @@ func TestAdminHandler(t *testing.T) {
 		{"token set and sent", "0.0.0.0:18001", "s3cret", "s3cret", http.StatusOK},
 		{"not loopback, no token set", "0.0.0.0:18001", "", "", http.StatusUnauthorized},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(config.DefaultAdminTokenEnv, tc.token)
-			req := httptest.NewRequest(http.MethodGet, "/admin/xds", nil)
-			if tc.sent != "" {
-				req.Header.Set("Authorization", "Bearer "+tc.sent)
-			}
-			rec := httptest.NewRecorder()
-			s.AdminHandler(tc.listen).ServeHTTP(rec, req)
-			if rec.Code != tc.want {
-				t.Fatalf("status %d, want %d: %s", rec.Code, tc.want, rec.Body)
-			}
-			if tc.want != http.StatusOK {
-				var e struct {
-					Error struct{ Message, Type, Code string }
+		for _, sv := range served {
+			t.Run(tc.name+" "+sv.path, func(t *testing.T) {
+				t.Setenv(config.DefaultAdminTokenEnv, tc.token)
+				req := httptest.NewRequest(http.MethodGet, sv.path, nil)
+				if tc.sent != "" {
+					req.Header.Set("Authorization", "Bearer "+tc.sent)
 				}
-				if json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != "invalid_admin_token" || e.Error.Type != "authentication_error" {
-					t.Errorf("a refusal not in OpenAI's error shape: %s", rec.Body)
+				rec := httptest.NewRecorder()
+				s.AdminHandler(tc.listen).ServeHTTP(rec, req)
+				if rec.Code != tc.want {
+					t.Fatalf("status %d, want %d: %s", rec.Code, tc.want, rec.Body)
 				}
-				return
-			}
-			var st Status
-			if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
-				t.Fatal(err)
-			}
-			if strings.Contains(rec.Body.String(), "hunter2") || !st.Progression.On || st.Progression.Instance != Instance ||
-				len(st.Progression.Routes) != 1 || st.Progression.Routes[0].Weight != 10 || st.Version == "" {
-				t.Errorf("status %s", rec.Body)
-			}
-		})
+				if tc.want != http.StatusOK {
+					var e struct {
+						Error struct{ Message, Type, Code string }
+					}
+					if json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != "invalid_admin_token" || e.Error.Type != "authentication_error" {
+						t.Errorf("a refusal not in OpenAI's error shape: %s", rec.Body)
+					}
+					return
+				}
+				sv.check(t, rec.Body.Bytes())
+			})
+		}
 	}
 	rec := httptest.NewRecorder()
 	s.AdminHandler("127.0.0.1:1").ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
@@ -664,12 +690,7 @@ func TestProgressionRestoresWeights(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	for _, tc := range restoreCases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-			st, err := shadow.OpenStore(context.Background(), storePath)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st, storePath, file := sqliteStore(t)
 			defer st.Close()
 			// Recent steps (the progression's interval is 1m), and no pairs: the first
 			// verdict holds, so the weight served is the recovered one.
@@ -709,12 +730,7 @@ func TestProgressionRestoresWeights(t *testing.T) {
 	}
 
 	t.Run("a promotion goes on from the recovered weight", func(t *testing.T) {
-		dir := t.TempDir()
-		storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-		st, err := shadow.OpenStore(context.Background(), storePath)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, storePath, file := sqliteStore(t)
 		defer st.Close()
 		storePairs(t, st, "next", 40, 0, time.Now().Add(-time.Hour)) // identical: promote
 		writeFile(t, file, progressConfig(t, "next", 0, 30, "embed"))
@@ -767,12 +783,7 @@ func TestProgressionRestoresWeights(t *testing.T) {
 // promotion it had made) and says why; once they can, it recovers and judges.
 func TestProgressionWaitsForTheRecovery(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, storePath, file := sqliteStore(t)
 	defer st.Close()
 	storePairs(t, st, "next", 40, 0, time.Now().Add(-time.Hour)) // identical: promote
 	db, err := sql.Open("sqlite", storePath)
@@ -810,12 +821,7 @@ func TestProgressionWaitsForTheRecovery(t *testing.T) {
 // written. It serves its weights as they are until its own steps are written.
 func TestStoredWeightsWaitForOwnSteps(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	dir := t.TempDir()
-	storePath, file := filepath.Join(dir, "shadow.db"), filepath.Join(dir, "sluice.yaml")
-	st, err := shadow.OpenStore(context.Background(), storePath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _, file := sqliteStore(t)
 	defer st.Close()
 	writeFile(t, file, progressConfig(t, "next", 0, 30, "embed"))
 	step := shadow.VerdictRecord{Route: "chat", CandidateID: "next", Instance: Instance, Time: time.Now().Add(-time.Minute),
