@@ -162,9 +162,13 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 	if m == nil {
 		return nil
 	}
+	var primary string
+	if len(plan) > 0 {
+		primary = plan[0].Cluster
+	}
 	mr := st.mirrors[rt.Name]
-	if mr == nil || !mr.Samples(preq) {
-		return nil
+	if mr == nil || !mr.Samples(preq, primary) {
+		return nil // not sampled, or the candidate's split serves it: nothing is copied
 	}
 	o := shadow.Offer{Request: preq, ID: ex.id, Endpoint: r.URL.Path, Path: r.URL.EscapedPath(), Header: mirrorHeader(r.Header, m)}
 	if q := mirrorQuery(r.URL.RawQuery); q != "" {
@@ -172,8 +176,8 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 	}
 	o.Header.Set("X-Request-Id", ex.id)
 	if len(plan) > 0 {
-		o.PrimaryCluster, o.PrimaryModel = plan[0].Cluster, plan[0].Model
-		if cl := st.clusters[o.PrimaryCluster]; cl != nil && len(cl.Endpoints()) > 0 && o.PrimaryCluster != m.Cluster {
+		o.PrimaryCluster, o.PrimaryModel = primary, plan[0].Model
+		if cl := st.clusters[primary]; cl != nil && len(cl.Endpoints()) > 0 {
 			// The primary's request is not yet begun on its endpoint: count it, as the
 			// sandboxes' loads count their copies.
 			per, _ := cl.Load()

@@ -246,11 +246,14 @@ func Mirrorable(preq *policy.Request) bool {
 	return false
 }
 
-// Samples reports whether the request is one to mirror: it can be compared (Mirrorable)
-// and its conversation (session, else tenant, else client) is sampled at the mirror's
-// fraction. A hash, nothing more: the gateway asks it before it prepares an Offer.
-func (m *Mirror) Samples(preq *policy.Request) bool {
-	if !Mirrorable(preq) {
+// Samples reports whether the request is one to mirror: it can be compared (Mirrorable),
+// the candidate does not serve it itself (primaryCluster, the primary's chosen cluster, is
+// not the candidate's: its split's answer has nothing to be compared with) and its
+// conversation (session, else tenant, else client) is sampled at the mirror's fraction. A
+// hash, nothing more: the gateway asks it before it prepares an Offer.
+func (m *Mirror) Samples(preq *policy.Request, primaryCluster string) bool {
+	s := m.settings.Load()
+	if !Mirrorable(preq) || primaryCluster == s.Cluster {
 		return false
 	}
 	key := preq.Session
@@ -260,19 +263,15 @@ func (m *Mirror) Samples(preq *policy.Request) bool {
 	if key == "" {
 		key = preq.Client
 	}
-	return Sampled(m.name, key, m.settings.Load().Fraction)
+	return Sampled(m.name, key, s.Fraction)
 }
 
 // Offer mirrors a request the mirror Samples. It never waits: a full queue drops the copy
 // (counted). The returned job, when not nil, must get the primary's answer through
-// PrimaryDone (and its bytes through Capture). A request the candidate serves itself (its
-// split) is not mirrored: there is nothing to compare it with.
+// PrimaryDone (and its bytes through Capture).
 func (m *Mirror) Offer(o Offer) *Job {
 	s := m.settings.Load()
 	preq := o.Request
-	if o.PrimaryCluster == s.Cluster {
-		return nil
-	}
 	m.offered.Add(1)
 	ln := m.lane.Load()
 	if ln == nil {

@@ -66,7 +66,7 @@ func baseSettings() Settings {
 func offer(t *testing.T, m *Mirror, session string) *Job {
 	t.Helper()
 	preq := testRequest(t, session)
-	if !m.Samples(preq) {
+	if !m.Samples(preq, "main") {
 		t.Fatalf("session %q not sampled at fraction 1", session)
 	}
 	return m.Offer(Offer{Request: preq, ID: preq.ID, Path: "/v1/chat/completions", Endpoint: "/v1/chat/completions",
@@ -151,7 +151,7 @@ func TestMirrorBaselineAndReplica(t *testing.T) {
 	if len(calls) != 2 || !want[calls[0]] || !want[calls[1]] {
 		t.Errorf("copies %v, want the candidate's and the baseline's", calls)
 	}
-	if j := m.Offer(Offer{Request: preq, ID: "r2", Header: http.Header{}, PrimaryCluster: "cand"}); j != nil {
+	if m.Samples(preq, "cand") {
 		t.Error("a request the candidate's split serves was mirrored")
 	}
 }
