@@ -527,6 +527,9 @@ func (m *Mirror) compare(ctx context.Context, j *Job) {
 		m.replicas.Add(1)
 		m.sides[sideReplica].compared.Add(1)
 	}
+	// The captures are read: their bytes go back to the budget before the record is written,
+	// which may wait on a slow store.
+	j.release()
 	if m.record != nil {
 		rec.RequestID = j.Request.ID
 		rec.Endpoint = j.Endpoint
