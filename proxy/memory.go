@@ -4,61 +4,127 @@ import (
 	"context"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"time"
 )
 
 // After a burst (thousands of streams held, then gone) the Go runtime keeps the freed heap and
 // goroutine stacks mapped and returns them to the OS only gradually, so the gateway's RSS
-// stays near its peak for minutes. The memory loop returns them at once when most of what the
-// process holds is free: it reads the heap every memoryCheckEvery and, when the free memory not
-// yet returned is both large (≥ memoryReleaseMin) and more than the heap in use, calls
-// debug.FreeOSMemory (a full collection, then everything free goes back) at most once per
-// memoryReleaseGap. Under a steady load the free share stays small and nothing happens.
+// stays near its peak for minutes. Worse, what the burst left is garbage the collector has not
+// yet seen: an idle gateway allocates too little to start its next collection, so the heap "in
+// use" stays at the burst's size until the runtime's forced collection, two minutes later.
+//
+// The memory loop samples the runtime every memoryCheckEvery (runtime/metrics: no stop of the
+// world) and returns the memory at once when either
+//
+//   - most of what the process holds is free: the free memory not yet returned is both large
+//     (≥ memoryReleaseMin) and more than the heap in use; or
+//   - a burst ended: the goroutines fell to at most a quarter of their peak since the last
+//     release, by at least burstGoroutines (each held stream is two), while the process holds
+//     at least memoryReleaseMin;
+//
+// at most once per memoryReleaseGap. Returning is two collections (the first empties the
+// sync.Pools into their victim caches, the second frees those) and debug.FreeOSMemory's
+// release of everything free. Under a steady load neither holds and nothing happens.
 
 const (
-	memoryCheckEvery = 5 * time.Second
+	memoryCheckEvery = time.Second
 	memoryReleaseMin = 64 << 20
 	memoryReleaseGap = 30 * time.Second
+	burstGoroutines  = 1000
 )
 
 // memSample is what the memory loop decides on.
 type memSample struct {
-	inUse    uint64 // heap and stacks in use
-	retained uint64 // free heap and stack memory not yet returned to the OS
+	inUse      uint64 // heap spans and stacks in use (live objects and not yet collected garbage)
+	retained   uint64 // free heap and stack memory not yet returned to the OS
+	goroutines int
+}
+
+// memMetrics are the runtime/metrics a memSample is read from, in memSample's order.
+var memMetrics = []string{
+	"/memory/classes/heap/objects:bytes",
+	"/memory/classes/heap/unused:bytes",
+	"/memory/classes/heap/stacks:bytes",
+	"/memory/classes/heap/free:bytes",
+	"/sched/goroutines:goroutines",
+}
+
+// memReader reads memSamples, reusing its sample slice.
+type memReader []metrics.Sample
+
+func newMemReader() memReader {
+	s := make(memReader, len(memMetrics))
+	for i, name := range memMetrics {
+		s[i].Name = name
+	}
+	return s
+}
+
+func (r memReader) read() memSample {
+	metrics.Read(r)
+	v := func(i int) uint64 {
+		if r[i].Value.Kind() != metrics.KindUint64 {
+			return 0 // not supported by this runtime: reads as nothing
+		}
+		return r[i].Value.Uint64()
+	}
+	return memSample{inUse: v(0) + v(1) + v(2), retained: v(3), goroutines: int(v(4))}
 }
 
 // readMem samples the runtime's memory.
-func readMem() memSample {
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return memSample{inUse: m.HeapInuse + m.StackInuse, retained: m.HeapIdle - m.HeapReleased}
+func readMem() memSample { return newMemReader().read() }
+
+// memoryWatch decides, sample by sample, when to return memory.
+type memoryWatch struct {
+	last time.Time // the previous release
+	peak int       // goroutines, the most since the previous release
 }
 
-// shouldRelease reports whether the free memory m retains is worth returning now, last being
-// the previous release.
-func shouldRelease(m memSample, now, last time.Time) bool {
-	return m.retained >= memoryReleaseMin && m.retained > m.inUse && now.Sub(last) >= memoryReleaseGap
+// observe takes the sample m read at now and reports whether to return memory now; when it
+// does, the watch starts over from m.
+func (w *memoryWatch) observe(m memSample, now time.Time) bool {
+	w.peak = max(w.peak, m.goroutines)
+	if now.Sub(w.last) < memoryReleaseGap {
+		return false
+	}
+	mostlyFree := m.retained >= memoryReleaseMin && m.retained > m.inUse
+	burstEnded := w.peak-m.goroutines >= burstGoroutines && m.goroutines <= w.peak/4 &&
+		m.inUse+m.retained >= memoryReleaseMin
+	if !mostlyFree && !burstEnded {
+		return false
+	}
+	w.last, w.peak = now, m.goroutines
+	return true
+}
+
+// releaseMemory collects twice (the sync.Pools' victim caches go with the second) and returns
+// everything free to the OS.
+func releaseMemory() {
+	runtime.GC()
+	debug.FreeOSMemory()
 }
 
 // memoryLoop returns retained free memory to the OS after bursts until ctx ends.
 func (s *Server) memoryLoop(ctx context.Context) {
 	t := time.NewTicker(memoryCheckEvery)
 	defer t.Stop()
-	var last time.Time
+	r := newMemReader()
+	var w memoryWatch
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			m := readMem()
-			if !shouldRelease(m, now, last) {
+			m := r.read()
+			if !w.observe(m, now) {
 				continue
 			}
-			last = now
-			debug.FreeOSMemory()
-			after := readMem()
+			releaseMemory()
+			after := r.read()
 			s.log.Debug("freed memory returned to the OS after a burst",
-				"retained_mib", m.retained>>20, "in_use_mib", m.inUse>>20, "retained_after_mib", after.retained>>20)
+				"in_use_mib", m.inUse>>20, "retained_mib", m.retained>>20, "goroutines", m.goroutines,
+				"in_use_after_mib", after.inUse>>20, "retained_after_mib", after.retained>>20)
 		}
 	}
 }

@@ -457,24 +457,95 @@ func TestCopyHeadersShareNothing(t *testing.T) {
 	}
 }
 
-func TestShouldRelease(t *testing.T) {
+func TestMemoryWatch(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	const mib = 1 << 20
-	for _, tc := range []struct {
-		name string
+	type step struct {
+		at   time.Duration // after t0
 		m    memSample
-		last time.Time
 		want bool
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
 	}{
-		{"after a burst", memSample{inUse: 40 * mib, retained: 400 * mib}, time.Time{}, true},
-		{"steady load: free share small", memSample{inUse: 200 * mib, retained: 120 * mib}, time.Time{}, false},
-		{"little to return", memSample{inUse: 10 * mib, retained: 50 * mib}, time.Time{}, false},
-		{"released just now", memSample{inUse: 40 * mib, retained: 400 * mib}, t0.Add(-10 * time.Second), false},
-		{"released long ago", memSample{inUse: 40 * mib, retained: 400 * mib}, t0.Add(-time.Minute), true},
+		{"mostly free after a burst", []step{{0, memSample{inUse: 40 * mib, retained: 400 * mib, goroutines: 20}, true}}},
+		{"steady load: free share small", []step{
+			{0, memSample{inUse: 200 * mib, retained: 120 * mib, goroutines: 4000}, false},
+			{time.Minute, memSample{inUse: 210 * mib, retained: 110 * mib, goroutines: 3900}, false},
+		}},
+		{"little to return", []step{{0, memSample{inUse: 10 * mib, retained: 50 * mib, goroutines: 20}, false}}},
+		{"released just now, then again after the gap", []step{
+			{0, memSample{inUse: 40 * mib, retained: 400 * mib}, true},
+			{10 * time.Second, memSample{inUse: 40 * mib, retained: 400 * mib}, false},
+			{time.Minute, memSample{inUse: 40 * mib, retained: 400 * mib}, true},
+		}},
+		// The burst's garbage is not collected yet: the heap "in use" is still its size.
+		{"burst ended, garbage not collected", []step{
+			{0, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 16}, false},
+			{time.Second, memSample{inUse: 480 * mib, retained: 10 * mib, goroutines: 18018}, false},
+			{2 * time.Second, memSample{inUse: 470 * mib, retained: 20 * mib, goroutines: 18}, true},
+			{40 * time.Second, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 18}, false},
+		}},
+		{"burst ended, little held", []step{
+			{0, memSample{inUse: 10 * mib, retained: 5 * mib, goroutines: 3000}, false},
+			{time.Second, memSample{inUse: 30 * mib, retained: 10 * mib, goroutines: 20}, false},
+		}},
+		{"load fell by half: not a burst's end", []step{
+			{0, memSample{inUse: 300 * mib, retained: 10 * mib, goroutines: 8000}, false},
+			{time.Second, memSample{inUse: 300 * mib, retained: 10 * mib, goroutines: 4000}, false},
+		}},
+		{"a small pool emptied: not a burst", []step{
+			{0, memSample{inUse: 100 * mib, retained: 10 * mib, goroutines: 400}, false},
+			{time.Second, memSample{inUse: 100 * mib, retained: 10 * mib, goroutines: 16}, false},
+		}},
+		{"the peak starts over at a release", []step{
+			{0, memSample{inUse: 300 * mib, retained: 10 * mib, goroutines: 5000}, false},
+			{time.Second, memSample{inUse: 40 * mib, retained: 400 * mib, goroutines: 20}, true},
+			{time.Minute, memSample{inUse: 100 * mib, retained: 10 * mib, goroutines: 1000}, false},
+		}},
 	} {
-		if got := shouldRelease(tc.m, t0, tc.last); got != tc.want {
-			t.Errorf("%s: shouldRelease = %v, want %v", tc.name, got, tc.want)
+		var w memoryWatch
+		for i, st := range tc.steps {
+			if got := w.observe(st.m, t0.Add(st.at)); got != st.want {
+				t.Errorf("%s: step %d: observe = %v, want %v", tc.name, i, got, st.want)
+			}
 		}
+	}
+}
+
+// TestMemoryWatchSeesABurstEnd: with the runtime's own figures, a burst of goroutines holding
+// memory that ended, its garbage not yet collected, is a release, and the release returns it.
+func TestMemoryWatchSeesABurstEnd(t *testing.T) {
+	var w memoryWatch
+	now := time.Now()
+	var wg sync.WaitGroup
+	stop, held := make(chan struct{}), make(chan struct{}, 2000)
+	for range 2000 {
+		wg.Go(func() {
+			b := make([]byte, 64<<10)
+			b[0] = 1
+			held <- struct{}{}
+			<-stop
+			b[len(b)-1] = b[0]
+		})
+	}
+	for range 2000 {
+		<-held
+	}
+	if w.observe(readMem(), now) {
+		t.Fatal("observe released while the burst was held")
+	}
+	close(stop)
+	wg.Wait()
+	m := readMem()
+	if !w.observe(m, now.Add(time.Second)) {
+		t.Fatalf("observe did not release after the burst ended (in use %d MiB, retained %d MiB, %d goroutines, peak %d)",
+			m.inUse>>20, m.retained>>20, m.goroutines, w.peak)
+	}
+	releaseMemory()
+	if after := readMem(); after.inUse+after.retained > (m.inUse+m.retained)/2 {
+		t.Errorf("held %d MiB before the release, %d MiB after; want at most half", (m.inUse+m.retained)>>20, (after.inUse+after.retained)>>20)
 	}
 }
 
