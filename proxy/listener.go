@@ -86,6 +86,9 @@ type limitConn struct {
 	once sync.Once
 }
 
+// Unwrap gives the connection under the bound (for socket.NewWriter).
+func (c *limitConn) Unwrap() net.Conn { return c.Conn }
+
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() { c.l.release(c.addr) })

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicegw/sluice/proxy/socket"
+
 	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
@@ -44,7 +46,8 @@ type conn struct {
 func (c *conn) serve() {
 	s := c.srv
 	handed := false
-	c.br, c.bw = getReader(c.nc), getWriter(c.nc)
+	sc := socket.Wrap(c.nc) // raw reads and writes for the request path; the rest is nc's
+	c.br, c.bw = getReader(sc), getWriter(sc)
 	c.remote = c.nc.RemoteAddr().String()
 	c.watchDone = make(chan struct{}, 1)
 	defer func() {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicegw/sluice/proxy/socket"
+
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -341,9 +343,10 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 		return nil, err
 	}
 	c := &h1Conn{c: nc, host: host}
-	c.lim = limitedReader{r: nc, n: -1}
+	sc := socket.Wrap(nc) // raw reads and writes for the exchange; the rest is nc's
+	c.lim = limitedReader{r: sc, n: -1}
 	c.br = bufio.NewReaderSize(&c.lim, 8<<10)
-	c.bw = bufio.NewWriterSize(nc, 4<<10)
+	c.bw = bufio.NewWriterSize(sc, 4<<10)
 	return c, nil
 }
 
