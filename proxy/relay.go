@@ -389,18 +389,28 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 		h.failBeforeFirstByte(ctx, err, ep, res)
 		return
 	}
+	now := time.Now()
+	observed := false
 	if resp.StatusCode < 300 && complete {
-		if f := unpromisedBody(ex.preq.Request, resp, body); f != nil {
+		// The tap's scan of the answer is also its JSON check.
+		whole := func() bool {
+			first := res.tap.FirstToken
+			res.tap.FirstToken = now
+			if observed = res.tap.ObserveWholeBody(body, now); !observed {
+				res.tap.FirstToken = first
+			}
+			return observed
+		}
+		if f := unpromisedBody(ex.preq.Request, resp, len(body), whole); f != nil {
 			ep.Report(false)
 			res.failWith(f)
 			return
 		}
 	}
-	now := time.Now()
 	reportStatus(ep, resp.StatusCode)
 	if resp.StatusCode >= 400 {
 		res.failWith(upstreamFailure(resp.StatusCode))
-	} else {
+	} else if !observed {
 		res.tap.FirstToken = now
 		res.tap.ObserveBody(body, now)
 	}
@@ -479,10 +489,11 @@ func protocolError(err error) *policy.Failure {
 	return policy.Failf(policy.ClassUpstreamProtocol, err, "the model server's answer broke off or was malformed: "+truncate(err.Error(), 200))
 }
 
-// unpromisedBody checks a successful non-streaming answer against what the client was
-// promised: never an encoding Sluice did not ask for (it asks for none), an event stream for
-// a streaming request, whole JSON for the JSON endpoints. nil when it is as promised.
-func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *policy.Failure {
+// unpromisedBody checks a successful non-streaming answer of size bytes against what the
+// client was promised: never an encoding Sluice did not ask for (it asks for none), an event
+// stream for a streaming request, whole JSON for the JSON endpoints (whole says whether the
+// body is; it is called only for them). nil when it is as promised.
+func unpromisedBody(req *openai.Request, resp *http.Response, size int, whole func() bool) *policy.Failure {
 	bad := func(why string) *policy.Failure {
 		return policy.Fail(policy.ClassUpstreamMalformed, "the model server sent an invalid response: "+why)
 	}
@@ -495,8 +506,8 @@ func unpromisedBody(req *openai.Request, resp *http.Response, body []byte) *poli
 	if req.Stream {
 		return bad("a streaming request was answered with Content-Type " + strconv.Quote(truncate(resp.Header.Get("Content-Type"), 60)) + ", not an event stream")
 	}
-	if !json.Valid(body) {
-		return bad("the body is not whole JSON (" + strconv.Itoa(len(body)) + " bytes)")
+	if !whole() {
+		return bad("the body is not whole JSON (" + strconv.Itoa(size) + " bytes)")
 	}
 	return nil
 }

@@ -1,6 +1,9 @@
 package openai
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Usage is the token usage a model server reports.
 type Usage struct {
@@ -146,6 +149,24 @@ func (t *Tap) ObserveChunk(ev Event, now time.Time) bool {
 func (t *Tap) ObserveBody(body []byte, now time.Time) {
 	t.Events++
 	t.observe(body, now)
+}
+
+// ObserveWholeBody is ObserveBody for an answer that must be whole JSON: it reports whether
+// body is (encoding/json's verdict: the tap's scan, which accepts only what json.Valid does,
+// decides where it accepts, json.Valid where it refuses) and takes body into account only if
+// it is. The scan is then the only pass over a valid answer.
+func (t *Tap) ObserveWholeBody(body []byte, now time.Time) bool {
+	saved := *t
+	t.Events++
+	if t.observe(body, now) {
+		return true
+	}
+	*t = saved
+	if !json.Valid(body) {
+		return false
+	}
+	t.ObserveBody(body, now)
+	return true
 }
 
 // TTFT returns the time to the first token, or 0 if there was none (or Start is unset).

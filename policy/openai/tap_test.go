@@ -751,5 +751,47 @@ func FuzzTapObserveChunk(f *testing.F) {
 		if !ok && tap != before {
 			t.Fatalf("refused %q changed the tap", data)
 		}
+		tap = before
+		if got, want := tap.ObserveWholeBody(data, time.Unix(1, 0)), json.Valid(data); got != want {
+			t.Fatalf("ObserveWholeBody(%q) = %v, json.Valid says %v", data, got, want)
+		}
+		if !json.Valid(data) && tap != before {
+			t.Fatalf("ObserveWholeBody refused %q and changed the tap", data)
+		}
 	})
+}
+
+func TestTapObserveWholeBody(t *testing.T) {
+	now := time.Unix(100, 0)
+	for _, tc := range []struct {
+		name   string
+		body   string
+		whole  bool
+		tokens int // usage's completion_tokens the tap took
+	}{
+		{"an answer", `{"id":"c1","choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}`, true, 2},
+		{"an answer with white space around it", " \n{\"usage\":{\"completion_tokens\":5}}\n", true, 5},
+		{"JSON, not an object (json.Valid decides)", `[{"usage":{"completion_tokens":5}}]`, true, 0},
+		{"a string", `"hello"`, true, 0},
+		{"cut short", `{"id":"c1","choices":[{"message":{"content":"hi"`, false, 0},
+		{"a trailing comma", `{"usage":{"completion_tokens":5},}`, false, 0},
+		{"two objects", `{"usage":{"completion_tokens":5}}{"a":1}`, false, 0},
+		{"empty", ``, false, 0},
+	} {
+		var tap Tap
+		tap.Start = now.Add(-time.Second)
+		before := tap
+		if got := tap.ObserveWholeBody([]byte(tc.body), now); got != tc.whole {
+			t.Errorf("%s: ObserveWholeBody = %v, want %v", tc.name, got, tc.whole)
+		}
+		if got, want := json.Valid([]byte(tc.body)), tc.whole; got != want {
+			t.Errorf("%s: json.Valid = %v: the case is wrong", tc.name, got)
+		}
+		if !tc.whole && tap != before {
+			t.Errorf("%s: refused, but the tap changed: %+v", tc.name, tap)
+		}
+		if tc.whole && (tap.Events != 1 || tap.Usage.CompletionTokens != tc.tokens) {
+			t.Errorf("%s: events %d, completion tokens %d; want 1 and %d", tc.name, tap.Events, tap.Usage.CompletionTokens, tc.tokens)
+		}
+	}
 }
