@@ -50,6 +50,34 @@ func Wrap(c net.Conn) net.Conn {
 	return sc
 }
 
+// Idle reports whether c, a connection nothing is reading, is still open with nothing to
+// read: false when the peer closed or reset it, or sent bytes nobody asked for (one
+// non-blocking peek at the socket, MSG_PEEK|MSG_DONTWAIT; nothing is consumed). A connection
+// that is not a socket reports true: its state shows when it is used.
+func Idle(c net.Conn) bool {
+	var rc syscall.RawConn
+	if sc, ok := c.(*Conn); ok {
+		rc = sc.rd.rc
+	} else if rc = rawConn(c); rc == nil {
+		return true
+	}
+	idle := false
+	err := rc.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			_, e := sysPeek(fd, b[:])
+			if e == syscall.EINTR {
+				continue
+			}
+			// EAGAIN: open, nothing to read. Else the peer closed it (0 bytes), bytes are
+			// waiting, or it failed (a reset).
+			idle = e == syscall.EAGAIN
+			return
+		}
+	})
+	return err == nil && idle
+}
+
 // Unwrap gives the connection under the raw calls.
 func (c *Conn) Unwrap() net.Conn { return c.Conn }
 

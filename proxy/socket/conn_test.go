@@ -325,3 +325,46 @@ func TestWriteWaitsForRoom(t *testing.T) {
 		t.Errorf("the write gave up after %v, before its deadline", el)
 	}
 }
+
+// TestIdle: a peek tells an open connection with nothing to read from one the peer closed or
+// reset, or one with bytes waiting; nothing is consumed.
+func TestIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		make func(c, peer *net.TCPConn)
+		want bool
+	}{
+		{"open, nothing to read", func(_, _ *net.TCPConn) {}, true},
+		{"the peer closed it", func(_, peer *net.TCPConn) { peer.Close() }, false},
+		{"the peer closed its side only", func(_, peer *net.TCPConn) { _ = peer.CloseWrite() }, false},
+		{"the peer reset it", func(_, peer *net.TCPConn) { _ = peer.SetLinger(0); peer.Close() }, false},
+		{"bytes waiting", func(_, peer *net.TCPConn) { _, _ = peer.Write([]byte("HTTP/1.1 200 OK\r\n")) }, false},
+		{"closed here", func(c, _ *net.TCPConn) { c.Close() }, false},
+	} {
+		for _, wrapped := range []bool{false, true} {
+			c, peer := pair(t)
+			tc.make(c, peer)
+			time.Sleep(20 * time.Millisecond) // what the peer did has arrived
+			var conn net.Conn = c
+			if wrapped {
+				conn = Wrap(c)
+			}
+			if got := Idle(conn); got != tc.want {
+				t.Errorf("%s (wrapped %v): Idle = %v, want %v", tc.name, wrapped, got, tc.want)
+			}
+			if tc.name == "bytes waiting" {
+				_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+				b := make([]byte, 64)
+				if n, _ := conn.Read(b); string(b[:n]) != "HTTP/1.1 200 OK\r\n" {
+					t.Errorf("after the peek the connection read %q: the peek consumed bytes", b[:n])
+				}
+			}
+		}
+	}
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	defer p2.Close()
+	if !Idle(p1) {
+		t.Error("Idle of a pipe (no socket to peek at) = false, want true")
+	}
+}

@@ -18,3 +18,10 @@ func sysWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 	return int(n), e
 }
+
+// sysPeek is one non-blocking recv(2) of p with MSG_PEEK: what is waiting, left in place.
+func sysPeek(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	return int(n), e
+}

@@ -22,6 +22,11 @@ func sysWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 	return result(n, err)
 }
 
+func sysPeek(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, err := syscall.Recvfrom(int(fd), p, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return result(n, err)
+}
+
 func result(n int, err error) (int, syscall.Errno) {
 	if err == nil {
 		return n, 0

@@ -138,9 +138,9 @@ func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			return resp, nil
 		}
-		// A kept-alive connection the server had closed when the request was written on it
-		// (nothing of an answer came back): nothing ran, so the request goes again once on
-		// a new connection, as net/http's Transport does.
+		// A kept-alive connection that failed before any byte of an answer, for a request
+		// that may go again (its write failed, so the server never had it whole; or it is
+		// idempotent): once more on a new connection, as net/http's Transport does.
 		if !retry || try > 0 || ctx.Err() != nil {
 			closeBody(req)
 			return nil, err
@@ -156,7 +156,7 @@ func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // exchange writes req on c and reads the answer's head. retry reports that c was a reused
-// connection that failed before any byte of an answer arrived.
+// connection that failed before any byte of an answer arrived and that req may go again.
 func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.Response, bool, error) {
 	b := &h1Body{t: t, c: c}
 	stop := context.AfterFunc(ctx, func() {
@@ -200,8 +200,12 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 	}
 	resp, err := readHead(c, req)
 	if err != nil {
+		// A kept-alive connection that ended before any byte of an answer: the server may
+		// have closed it as the request went out (nothing ran), or taken the request and
+		// died. Only a request that may run twice goes again (net/http's rule): a POST to a
+		// model server is not sent twice behind the retry policy's back.
 		nothing := c.lim.total == before
-		if c.reuse && ctx.Err() == nil && nothing && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
+		if c.reuse && ctx.Err() == nil && nothing && replayable(req) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
 			stop()
 			_ = c.c.Close()
 			return nil, true, fmt.Errorf("upstream: server closed idle connection: %w", err)
@@ -330,11 +334,13 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 		c := l[len(l)-1]
 		l[len(l)-1] = nil
 		t.idle[host] = l[:len(l)-1]
-		if now.Sub(c.used) < t.idleTimeout {
+		if now.Sub(c.used) < t.idleTimeout && socket.Idle(c.c) {
 			t.mu.Unlock()
 			c.reuse = true
 			return c, nil
 		}
+		// Too old, or the server closed it while it was idle (uvicorn's keep-alive time-out
+		// is 5 s): net/http's Transport sees that with its read loop, this pool with a peek.
 		_ = c.c.Close()
 	}
 	t.mu.Unlock()
@@ -472,6 +478,19 @@ func validHeaders(h http.Header) error {
 		}
 	}
 	return nil
+}
+
+// replayable reports whether req may be sent again after it may have reached the server:
+// an idempotent method, or a request that says it is idempotent (Idempotency-Key), as
+// net/http's Transport decides.
+func replayable(req *http.Request) bool {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, a := req.Header["Idempotency-Key"]
+	_, b := req.Header["X-Idempotency-Key"]
+	return a || b
 }
 
 func isReset(err error) bool {

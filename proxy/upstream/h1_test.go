@@ -180,6 +180,132 @@ func TestH1StaleConnection(t *testing.T) {
 	}
 }
 
+// TestH1ResendsOnlyWhatMayRunTwice: a kept-alive connection whose server takes the next
+// request whole and then closes without a word (it died with the request in hand): a POST
+// is not sent again (the model server may have run it; the retry policy decides, with its
+// budget), an idempotent request or one with an Idempotency-Key is, once, on a new
+// connection, as net/http's Transport does.
+func TestH1ResendsOnlyWhatMayRunTwice(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		method string
+		header string // a header set on the request, "" for none
+		resent bool
+	}{
+		{"POST", http.MethodPost, "", false},
+		{"POST with an Idempotency-Key", http.MethodPost, "Idempotency-Key", true},
+		{"POST with an X-Idempotency-Key", http.MethodPost, "X-Idempotency-Key", true},
+		{"GET", http.MethodGet, "", true},
+	} {
+		var mu sync.Mutex
+		var seen []string
+		var conns atomic.Int64
+		addr := rawServer(t, func(c net.Conn) {
+			first := conns.Add(1) == 1
+			br := bufio.NewReader(c)
+			for n := 0; ; n++ {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				b, _ := io.ReadAll(req.Body)
+				mu.Lock()
+				seen = append(seen, req.Method+" "+string(b))
+				mu.Unlock()
+				if first && n == 1 {
+					return // the second request on the first connection: taken, never answered
+				}
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+		})
+		h, dials := countingH1(t)
+		send := func(method, body string) (string, error) {
+			req := newReq(t, context.Background(), "http://"+addr+"/", body)
+			req.Method = method
+			if tc.header != "" {
+				req.Header.Set(tc.header, "k1")
+			}
+			resp, err := h.RoundTrip(req)
+			if err != nil {
+				return "", err
+			}
+			return readAll(t, resp), nil
+		}
+		if b, err := send(tc.method, "one"); err != nil || b != "ok" {
+			t.Fatalf("%s: first request: %q, %v", tc.name, b, err)
+		}
+		b, err := send(tc.method, "two")
+		mu.Lock()
+		got := fmt.Sprint(seen)
+		mu.Unlock()
+		if tc.resent {
+			if err != nil || b != "ok" {
+				t.Errorf("%s: second request: %q, %v; want it sent again and answered", tc.name, b, err)
+			}
+			if want := fmt.Sprintf("[%[1]s one %[1]s two %[1]s two]", tc.method); got != want || dials.Load() != 2 {
+				t.Errorf("%s: server saw %s over %d connections, want %s over 2", tc.name, got, dials.Load(), want)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%s: second request answered %q; the server never answered it", tc.name, b)
+		}
+		if want := fmt.Sprintf("[%[1]s one %[1]s two]", tc.method); got != want || dials.Load() != 1 {
+			t.Errorf("%s: server saw %s over %d connections, want %s over 1 (not sent again)", tc.name, got, dials.Load(), want)
+		}
+	}
+}
+
+// TestH1IdleConnectionChecked: a pooled connection is looked at before it is used: one the
+// server closed while it was idle is not written on, and one on which the server sent bytes
+// nobody asked for (a stray answer) is dropped, never read as the next request's answer.
+func TestH1IdleConnectionChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after string // what the server does once it answered the first request on a connection
+	}{
+		{"closed while idle", "close"},
+		{"stray bytes while idle", "stray"},
+	} {
+		var mu sync.Mutex
+		var seen int
+		addr := rawServer(t, func(c net.Conn) {
+			br := bufio.NewReader(c)
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.ReadAll(req.Body)
+			mu.Lock()
+			seen++
+			mu.Unlock()
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			if tc.after == "stray" {
+				time.Sleep(10 * time.Millisecond)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray")
+				_, _ = br.ReadByte() // holds the connection open until the client closes it
+			}
+		})
+		h, dials := countingH1(t)
+		for i := range 2 {
+			resp, err := h.RoundTrip(newReq(t, context.Background(), "http://"+addr+"/", "x"))
+			if err != nil {
+				t.Fatalf("%s: request %d: %v", tc.name, i, err)
+			}
+			if b := readAll(t, resp); b != "ok" {
+				t.Errorf("%s: request %d answered %q, want the server's own answer", tc.name, i, b)
+			}
+			time.Sleep(50 * time.Millisecond) // the close or the stray bytes have arrived
+		}
+		mu.Lock()
+		n := seen
+		mu.Unlock()
+		if n != 2 || dials.Load() != 2 {
+			t.Errorf("%s: server saw %d requests over %d connections, want 2 over 2", tc.name, n, dials.Load())
+		}
+	}
+}
+
 // TestH1UnreadBodyClosesConnection: an answer left unread does not return its connection to
 // the pool (its rest would be read as the next answer).
 func TestH1UnreadBodyClosesConnection(t *testing.T) {
