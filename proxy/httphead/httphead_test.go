@@ -117,3 +117,18 @@ func TestPeek(t *testing.T) {
 		t.Fatalf("cut head: %q, %v", got, err)
 	}
 }
+
+// BenchmarkCanonicalKey: the names a request and an answer carry, in the cases clients and
+// servers send them.
+func BenchmarkCanonicalKey(b *testing.B) {
+	common := Common("Accept", "Authorization", "Content-Length", "Content-Type", "Date", "Host",
+		"Server", "Transfer-Encoding", "User-Agent", "X-Request-Id", "X-Stainless-Retry-Count")
+	names := []string{"Host", "Content-Type", "Content-Length", "content-type", "date", "server",
+		"transfer-encoding", "x-stainless-retry-count", "Authorization", "User-Agent"}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, k := range names {
+			_ = CanonicalKey(k, common)
+		}
+	}
+}
