@@ -86,7 +86,7 @@ type limitConn struct {
 	once sync.Once
 }
 
-// Unwrap gives the connection under the bound (for socket.NewWriter).
+// Unwrap gives the connection under the bound (socket.Wrap finds the TCP socket through it).
 func (c *limitConn) Unwrap() net.Conn { return c.Conn }
 
 func (c *limitConn) Close() error {

@@ -12,9 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/socket"
-
 	"github.com/sluicegw/sluice/proxy/httphead"
+	"github.com/sluicegw/sluice/proxy/socket"
 )
 
 // maxDiscard is how much of a body the handler left unread the server reads and drops to

@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluicegw/sluice/proxy/socket"
-
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/sluicegw/sluice/proxy/socket"
 )
 
 // h1 is the upstream client of plain-HTTP endpoints: HTTP/1.1 over pooled keep-alive
@@ -329,13 +329,19 @@ func (b *h1Body) Close() error {
 // get takes an idle connection to host, or dials one.
 func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 	now := time.Now()
-	t.mu.Lock()
-	for l := t.idle[host]; len(l) > 0; l = t.idle[host] {
+	for {
+		t.mu.Lock()
+		l := t.idle[host]
+		if len(l) == 0 {
+			t.mu.Unlock()
+			break
+		}
 		c := l[len(l)-1]
 		l[len(l)-1] = nil
 		t.idle[host] = l[:len(l)-1]
+		t.mu.Unlock()
+		// The peek and the close are system calls: outside the pool's lock.
 		if now.Sub(c.used) < t.idleTimeout && socket.Idle(c.c) {
-			t.mu.Unlock()
 			c.reuse = true
 			return c, nil
 		}
@@ -343,7 +349,6 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 		// is 5 s): net/http's Transport sees that with its read loop, this pool with a peek.
 		_ = c.c.Close()
 	}
-	t.mu.Unlock()
 	nc, err := t.dial(ctx, "tcp", host)
 	if err != nil {
 		return nil, err
