@@ -21,6 +21,11 @@ const maxIO = 256 << 10
 type Conn struct {
 	net.Conn
 	rd, wr op
+
+	// Idle's peek, set up once (a closure per call would be an allocation per request);
+	// under rd.mu.
+	peekFn func(fd uintptr)
+	idle   bool
 }
 
 // op is one direction's system call in progress, with the raw connection's callback for it.
@@ -47,35 +52,41 @@ func Wrap(c net.Conn) net.Conn {
 	sc := &Conn{Conn: c}
 	sc.rd.rc, sc.wr.rc = rc, rc
 	sc.rd.fn, sc.wr.fn = sc.rd.read, sc.wr.write
+	sc.peekFn = sc.peek
 	return sc
 }
 
 // Idle reports whether c, a connection nothing is reading, is still open with nothing to
 // read: false when the peer closed or reset it, or sent bytes nobody asked for (one
 // non-blocking peek at the socket, MSG_PEEK|MSG_DONTWAIT; nothing is consumed). A connection
-// that is not a socket reports true: its state shows when it is used.
+// that is not a socket reports true: its state shows when it is used. Without an allocation
+// for a Conn (Wrap's); a connection Wrap did not wrap costs the lookup of its socket.
 func Idle(c net.Conn) bool {
-	var rc syscall.RawConn
-	if sc, ok := c.(*Conn); ok {
-		rc = sc.rd.rc
-	} else if rc = rawConn(c); rc == nil {
-		return true
-	}
-	idle := false
-	err := rc.Control(func(fd uintptr) {
-		var b [1]byte
-		for {
-			_, e := sysPeek(fd, b[:])
-			if e == syscall.EINTR {
-				continue
-			}
-			// EAGAIN: open, nothing to read. Else the peer closed it (0 bytes), bytes are
-			// waiting, or it failed (a reset).
-			idle = e == syscall.EAGAIN
-			return
+	sc, ok := c.(*Conn)
+	if !ok {
+		if sc, ok = Wrap(c).(*Conn); !ok {
+			return true
 		}
-	})
-	return err == nil && idle
+	}
+	sc.rd.mu.Lock()
+	defer sc.rd.mu.Unlock()
+	sc.idle = false
+	return sc.rd.rc.Control(sc.peekFn) == nil && sc.idle
+}
+
+// peek is Idle's raw-connection callback.
+func (c *Conn) peek(fd uintptr) {
+	var b [1]byte
+	for {
+		_, e := sysPeek(fd, b[:])
+		if e == syscall.EINTR {
+			continue
+		}
+		// EAGAIN: open, nothing to read. Else the peer closed it (0 bytes), bytes are
+		// waiting, or it failed (a reset).
+		c.idle = e == syscall.EAGAIN
+		return
+	}
 }
 
 // Unwrap gives the connection under the raw calls.

@@ -368,3 +368,20 @@ func TestIdle(t *testing.T) {
 		t.Error("Idle of a pipe (no socket to peek at) = false, want true")
 	}
 }
+
+// TestIdleAllocatesNothing: the pool peeks at a connection before each reuse (once a
+// request): on a wrapped connection the peek costs no allocation.
+func TestIdleAllocatesNothing(t *testing.T) {
+	if raceBuild {
+		t.Skip("the race detector's system calls allocate")
+	}
+	c, _ := pair(t)
+	w := Wrap(c)
+	if n := testing.AllocsPerRun(100, func() {
+		if !Idle(w) {
+			t.Fatal("an open connection with nothing to read is not idle")
+		}
+	}); n != 0 {
+		t.Errorf("Idle of a wrapped connection: %v allocations, want none", n)
+	}
+}

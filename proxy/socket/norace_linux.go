@@ -7,6 +7,8 @@ import (
 	"unsafe"
 )
 
+const raceBuild = false
+
 // sysRead is one raw read(2) of p (not empty).
 func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))

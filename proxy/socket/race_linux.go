@@ -12,6 +12,9 @@ import (
 // other socket's in the process, which raw calls could not). Everything around them (the
 // poller's waits, the errors) is the same.
 
+// raceBuild: the race detector's build (its calls allocate where the raw ones do not).
+const raceBuild = true
+
 func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	n, err := syscall.Read(int(fd), p)
 	return result(n, err)

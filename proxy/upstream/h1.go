@@ -353,8 +353,10 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &h1Conn{c: nc, host: host}
-	sc := socket.Wrap(nc) // raw reads and writes for the exchange; the rest is nc's
+	// Raw reads and writes for the exchange (the rest is nc's), and Idle's peek without an
+	// allocation when the connection is reused.
+	sc := socket.Wrap(nc)
+	c := &h1Conn{c: sc, host: host}
 	c.lim = limitedReader{r: sc, n: -1}
 	c.br = bufio.NewReaderSize(&c.lim, 8<<10)
 	c.bw = bufio.NewWriterSize(sc, 4<<10)
