@@ -390,18 +390,15 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 		return
 	}
 	now := time.Now()
-	observed := false
+	observed := false // the tap's scan of the body was its JSON check
 	if resp.StatusCode < 300 && complete {
-		// The tap's scan of the answer is also its JSON check.
-		whole := func() bool {
-			first := res.tap.FirstToken
-			res.tap.FirstToken = now
+		f, wantJSON := unpromisedBody(ex.preq.Request, resp)
+		if f == nil && wantJSON {
 			if observed = res.tap.ObserveWholeBody(body, now); !observed {
-				res.tap.FirstToken = first
+				f = malformedAnswer("the body is not whole JSON (" + strconv.Itoa(len(body)) + " bytes)")
 			}
-			return observed
 		}
-		if f := unpromisedBody(ex.preq.Request, resp, len(body), whole); f != nil {
+		if f != nil {
 			ep.Report(false)
 			res.failWith(f)
 			return
@@ -410,9 +407,11 @@ func (h *Handler) relayBody(ctx context.Context, ex *exchange, resp *http.Respon
 	reportStatus(ep, resp.StatusCode)
 	if resp.StatusCode >= 400 {
 		res.failWith(upstreamFailure(resp.StatusCode))
-	} else if !observed {
+	} else {
+		if !observed {
+			res.tap.ObserveBody(body, now)
+		}
 		res.tap.FirstToken = now
-		res.tap.ObserveBody(body, now)
 	}
 	if complete {
 		res.pending = &pending{status: resp.StatusCode, header: resp.Header, body: body}
@@ -489,27 +488,26 @@ func protocolError(err error) *policy.Failure {
 	return policy.Failf(policy.ClassUpstreamProtocol, err, "the model server's answer broke off or was malformed: "+truncate(err.Error(), 200))
 }
 
-// unpromisedBody checks a successful non-streaming answer of size bytes against what the
-// client was promised: never an encoding Sluice did not ask for (it asks for none), an event
-// stream for a streaming request, whole JSON for the JSON endpoints (whole says whether the
-// body is; it is called only for them). nil when it is as promised.
-func unpromisedBody(req *openai.Request, resp *http.Response, size int, whole func() bool) *policy.Failure {
-	bad := func(why string) *policy.Failure {
-		return policy.Fail(policy.ClassUpstreamMalformed, "the model server sent an invalid response: "+why)
-	}
+// unpromisedBody checks a successful non-streaming answer's head against what the client was
+// promised: never an encoding Sluice did not ask for (it asks for none), an event stream for
+// a streaming request. wantJSON: the body must also be whole JSON (the JSON endpoints), which
+// the caller checks with the tap's scan. The failure is nil when the head is as promised.
+func unpromisedBody(req *openai.Request, resp *http.Response) (f *policy.Failure, wantJSON bool) {
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return bad("Content-Encoding " + truncate(ce, 40) + ", which was not asked for")
+		return malformedAnswer("Content-Encoding " + truncate(ce, 40) + ", which was not asked for"), false
 	}
 	if req == nil || !req.Kind.HasModel() {
-		return nil // a passthrough answer is the server's business
+		return nil, false // a passthrough answer is the server's business
 	}
 	if req.Stream {
-		return bad("a streaming request was answered with Content-Type " + strconv.Quote(truncate(resp.Header.Get("Content-Type"), 60)) + ", not an event stream")
+		return malformedAnswer("a streaming request was answered with Content-Type " + strconv.Quote(truncate(resp.Header.Get("Content-Type"), 60)) + ", not an event stream"), false
 	}
-	if !whole() {
-		return bad("the body is not whole JSON (" + strconv.Itoa(size) + " bytes)")
-	}
-	return nil
+	return nil, true
+}
+
+// malformedAnswer is the failure of a successful answer that is not what was promised.
+func malformedAnswer(why string) *policy.Failure {
+	return policy.Fail(policy.ClassUpstreamMalformed, "the model server sent an invalid response: "+why)
 }
 
 // eventTooLarge is the error for an upstream SSE event over max_event_bytes.
