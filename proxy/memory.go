@@ -72,9 +72,6 @@ func (r memReader) read() memSample {
 	return memSample{inUse: v(0) + v(1) + v(2), retained: v(3), goroutines: int(v(4))}
 }
 
-// readMem samples the runtime's memory.
-func readMem() memSample { return newMemReader().read() }
-
 // memoryWatch decides, sample by sample, when to return memory.
 type memoryWatch struct {
 	last time.Time // the previous release

@@ -514,6 +514,9 @@ func TestMemoryWatch(t *testing.T) {
 	}
 }
 
+// readMem samples the runtime's memory, as the memory loop does.
+func readMem() memSample { return newMemReader().read() }
+
 // TestMemoryWatchSeesABurstEnd: with the runtime's own figures, a burst of goroutines holding
 // memory that ended, its garbage not yet collected, is a release, and the release returns it.
 func TestMemoryWatchSeesABurstEnd(t *testing.T) {
