@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 
 	"github.com/sluicegw/sluice/shadow"
 	"github.com/sluicegw/sluice/test/pgtest"
+	"github.com/sluicegw/sluice/test/rlstest"
 )
 
 // haConfig is progression.yaml for candidate next at weight 0, judged every 100ms, stepped
@@ -269,24 +269,6 @@ func TestMetrics(t *testing.T) {
 	})
 }
 
-// lockedBuffer is a goroutine-safe log sink.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestReleaseLeadSQLite: a control plane on a SQLite store leads without a lock, so
 // stopping gives none up and says nothing of a lead.
 func TestReleaseLeadSQLite(t *testing.T) {
@@ -294,7 +276,7 @@ func TestReleaseLeadSQLite(t *testing.T) {
 	st, storePath, file := sqliteStore(t)
 	defer st.Close()
 	writeFile(t, file, progressConfig(t, "cand", 10, 30, "embed"))
-	logs := &lockedBuffer{}
+	logs := &rlstest.LogBuffer{}
 	s, _, stop := runServer(t, Options{ConfigPath: file, WatchInterval: time.Hour, ShadowStore: storePath,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if p := s.Status().Progression; p.Role != RoleLeader {
