@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"testing"
@@ -366,9 +367,11 @@ func BenchmarkRequestLoopback(b *testing.B) {
 	b.Run("direct", func(b *testing.B) {
 		run(b, up.URL)
 		b.ReportAllocs()
+		g0 := goroutinesCreated()
 		for b.Loop() {
 			run(b, up.URL)
 		}
+		b.ReportMetric(float64(goroutinesCreated()-g0)/float64(b.N), "goroutines/op")
 	})
 	for _, sc := range []struct{ server, client string }{{"sluice", "sluice"}, {"net/http", "sluice"}, {"net/http", "net/http"}} {
 		b.Run("server="+strings.ReplaceAll(sc.server, "/", "")+",client="+strings.ReplaceAll(sc.client, "/", ""), func(b *testing.B) {
@@ -384,9 +387,11 @@ func BenchmarkRequestLoopback(b *testing.B) {
 			base := "http://" + srv.Addr()
 			run(b, base)
 			b.ReportAllocs()
+			g0 := goroutinesCreated()
 			for b.Loop() {
 				run(b, base)
 			}
+			b.ReportMetric(float64(goroutinesCreated()-g0)/float64(b.N), "goroutines/op")
 		})
 	}
 }
@@ -434,4 +439,12 @@ func BenchmarkRelayLoop(b *testing.B) {
 			}
 		})
 	}
+}
+
+// goroutinesCreated is the count of goroutines the process has started
+// (runtime/metrics' /sched/goroutines-created:goroutines).
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
