@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicegw/sluice/proxy/alarm"
+
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
@@ -433,10 +435,12 @@ var neverForwarded = []string{
 	"X-Original-Url", "X-Rewrite-Url", "X-Forwarded-Host", "X-Forwarded-Server", "X-Host", "X-Http-Method-Override",
 }
 
-// watchdog enforces the TTFT and idle time-outs of one attempt with a single timer: armed with
-// the TTFT time-out, re-armed with the idle time-out on every beat (each event or read).
+// watchdog enforces the TTFT and idle time-outs of one attempt with a single alarm: armed with
+// the TTFT time-out, re-armed with the idle time-out on every beat (each event or read). An
+// alarm, not a time.Timer: moving it on every event is an atomic store, and arming it per
+// attempt makes the runtime wake no thread (it fires up to alarm.Grain late).
 type watchdog struct {
-	t       *time.Timer
+	t       *alarm.Alarm
 	idle    time.Duration
 	started atomic.Bool
 	cancel  context.CancelCauseFunc
@@ -445,7 +449,7 @@ type watchdog struct {
 func startWatchdog(ttft, idle time.Duration, cancel context.CancelCauseFunc) *watchdog {
 	w := &watchdog{idle: idle, cancel: cancel}
 	if ttft > 0 {
-		w.t = time.AfterFunc(ttft, w.fire)
+		w.t = alarm.After(ttft, w.fire)
 	}
 	return w
 }
@@ -465,7 +469,7 @@ func (w *watchdog) beat() {
 	case w.idle <= 0:
 		w.stop()
 	case w.t == nil:
-		w.t = time.AfterFunc(w.idle, w.fire)
+		w.t = alarm.After(w.idle, w.fire)
 	default:
 		w.t.Reset(w.idle)
 	}

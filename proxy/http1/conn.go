@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicegw/sluice/proxy/alarm"
+
 	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/socket"
 )
@@ -32,9 +34,11 @@ type conn struct {
 
 	resp response // reused: the handler must not keep its ResponseWriter (net/http's rule)
 
+	rd, wd deadline // the connection's read and write deadlines, kept by alarms
+
 	// The watch for the client going away, armed when a request's body has been read.
 	wmu       sync.Mutex
-	watch     *time.Timer
+	watch     *alarm.Alarm
 	watchDone chan struct{}
 	armed     bool
 	reqDone   bool
@@ -46,6 +50,7 @@ func (c *conn) serve() {
 	s := c.srv
 	handed := false
 	sc := socket.Wrap(c.nc) // raw reads and writes for the request path; the rest is nc's
+	c.rd.set, c.wd.set = c.nc.SetReadDeadline, c.nc.SetWriteDeadline
 	c.br, c.bw = getReader(sc), getWriter(sc)
 	c.remote = c.nc.RemoteAddr().String()
 	c.watchDone = make(chan struct{}, 1)
@@ -54,6 +59,8 @@ func (c *conn) serve() {
 		if c.watch != nil {
 			c.watch.Stop()
 		}
+		c.rd.detach()
+		c.wd.detach()
 		if !handed {
 			_ = c.nc.Close()
 			putReader(c.br)
@@ -85,11 +92,13 @@ func (c *conn) serve() {
 		case req == nil:
 			s.untrack(c)
 			handed = true
+			c.rd.detach() // the head's deadline stays on for net/http's server, as it was
+			c.wd.detach()
 			s.hand(c.nc, c.br)
 			return
 		}
 		_, _ = c.br.Discard(n)
-		_ = c.nc.SetReadDeadline(time.Time{})
+		_ = c.rd.Set(time.Time{})
 		if !c.serveRequest(base, req) {
 			return
 		}
@@ -99,13 +108,7 @@ func (c *conn) serve() {
 	}
 }
 
-func (c *conn) readDeadline(d time.Duration) {
-	if d > 0 {
-		_ = c.nc.SetReadDeadline(time.Now().Add(d))
-	} else {
-		_ = c.nc.SetReadDeadline(time.Time{})
-	}
-}
+func (c *conn) readDeadline(d time.Duration) { c.rd.after(d) }
 
 // readHead reads ahead (without consuming) the next request's head and parses it: the
 // request and the head's length when this server serves it; a nil request when the
@@ -150,7 +153,7 @@ func (c *conn) serveRequest(base context.Context, req *http.Request) (keep bool)
 	keep = c.resp.finish(b != nil && b.left() > maxDiscard)
 	// The handler's write deadline bounded the flush above; the next request sets its own
 	// (net/http clears it after each request too).
-	_ = c.nc.SetWriteDeadline(time.Time{})
+	_ = c.wd.Set(time.Time{})
 	if b != nil && !b.drain(c.srv.ReadHeaderTimeout) {
 		keep = false
 	}
@@ -183,7 +186,7 @@ func (c *conn) arm() {
 	}
 	c.armed = true
 	if c.watch == nil {
-		c.watch = time.AfterFunc(c.srv.WatchAfter, c.watchConn)
+		c.watch = alarm.After(c.srv.WatchAfter, c.watchConn)
 	} else {
 		c.watch.Reset(c.srv.WatchAfter)
 	}
@@ -199,10 +202,10 @@ func (c *conn) disarm() {
 		return
 	}
 	c.aborting.Store(true)
-	_ = c.nc.SetReadDeadline(longAgo)
+	_ = c.rd.Set(longAgo)
 	<-c.watchDone
 	c.aborting.Store(false)
-	_ = c.nc.SetReadDeadline(time.Time{})
+	_ = c.rd.Set(time.Time{})
 }
 
 // watchConn waits for the connection's next byte: a byte (the next request) ends the watch;
@@ -275,7 +278,7 @@ func (b *body) drain(d time.Duration) bool {
 	}
 	b.c.readDeadline(d)
 	_, err := io.CopyN(io.Discard, b.c.br, b.lr.N)
-	_ = b.c.nc.SetReadDeadline(time.Time{})
+	_ = b.c.rd.Set(time.Time{})
 	b.lr.N = 0
 	return err == nil
 }

@@ -322,9 +322,10 @@ func (r *response) FlushError() error {
 	return r.err
 }
 
-// SetReadDeadline and SetWriteDeadline are the connection's, for http.ResponseController.
-func (r *response) SetReadDeadline(t time.Time) error  { return r.c.nc.SetReadDeadline(t) }
-func (r *response) SetWriteDeadline(t time.Time) error { return r.c.nc.SetWriteDeadline(t) }
+// SetReadDeadline and SetWriteDeadline are the connection's, for http.ResponseController
+// (kept by alarms: up to alarm.Grain late).
+func (r *response) SetReadDeadline(t time.Time) error  { return r.c.rd.Set(t) }
+func (r *response) SetWriteDeadline(t time.Time) error { return r.c.wd.Set(t) }
 
 // finish ends the answer after the handler returned: the head if not sent yet, the rest of
 // the body, the last chunk, the flush. It reports whether the connection may serve another

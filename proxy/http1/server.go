@@ -18,7 +18,7 @@
 // see the client leave; this server starts that watch only when the request has run for
 // WatchAfter (after its body was read), so that the many short requests pay for no
 // goroutine, no extra read and no deadline changes; a client that leaves is seen at most
-// WatchAfter late.
+// WatchAfter late (plus alarm.Grain: the watch is an alarm, which arms no runtime timer).
 package http1
 
 import (
@@ -53,7 +53,8 @@ type Server struct {
 	// request on a kept-alive connection (ReadHeaderTimeout when zero). Zero: no bound.
 	ReadHeaderTimeout, IdleTimeout time.Duration
 	// WatchAfter is how long a request runs (after its body was read) before the server
-	// watches its connection for the client going away; zero watches at once.
+	// watches its connection for the client going away (up to alarm.Grain later); zero
+	// watches at once.
 	WatchAfter time.Duration
 	Log        *slog.Logger
 

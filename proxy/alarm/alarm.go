@@ -1,0 +1,181 @@
+// Package alarm runs functions at deadlines kept by one runtime timer shared by all of them,
+// a little late (up to the wheel's grain) where a time.Timer is on time.
+//
+// It exists for the timers every request arms and almost always stops or moves: the
+// client-gone watch of the HTTP/1.1 server and the TTFT and idle watchdog of an attempt.
+// Each time a goroutine arms a runtime timer that becomes the earliest of its processor,
+// the Go runtime makes sure a thread is waiting in the network poller for it: with the
+// processors idle between requests that is a futex wake-up of a thread that spins, finds
+// nothing and sleeps again, once or twice a request. An alarm that is moved or stopped costs
+// atomic operations and a clock read; starting one takes a mutex; the shared timer moves
+// only when an alarm is due more than a grain before it fires.
+package alarm
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Grain is how late the default wheel may run an alarm.
+const Grain = 5 * time.Millisecond
+
+var std = New(Grain)
+
+// After arms an alarm of the default wheel that runs f in its own goroutine d from now
+// (at most Grain later), as time.AfterFunc.
+func After(d time.Duration, f func()) *Alarm { return std.After(d, f) }
+
+// A Wheel keeps alarms and runs each due one at most grain after its deadline (the Go
+// scheduler's own delays aside). The zero Wheel is not usable: New makes one.
+type Wheel struct {
+	grain int64
+	base  time.Time // the origin of the deadlines, read with its monotonic clock
+
+	next atomic.Int64 // when the timer fires (since base); 0 while it is not armed
+
+	mu        sync.Mutex
+	t         *time.Timer
+	list      []*Alarm // every armed alarm, and alarms stopped since the last sweep
+	compactAt int      // the list's length at which an arming sweeps out stopped alarms
+	due       []*Alarm // scratch of fire
+}
+
+// New returns a Wheel that runs alarms at most grain late (at least a microsecond).
+func New(grain time.Duration) *Wheel {
+	return &Wheel{grain: int64(max(grain, time.Microsecond)), base: time.Now(), compactAt: minCompact}
+}
+
+// minCompact is the smallest list length at which an arming sweeps the list.
+const minCompact = 64
+
+// now is the time since base, at least 1 (0 marks an alarm that is not armed).
+func (w *Wheel) now() int64 { return int64(time.Since(w.base)) + 1 }
+
+// An Alarm runs its function once each time it comes due; Reset arms it again. Its methods
+// may be called from any goroutine.
+type Alarm struct {
+	w      *Wheel
+	f      func()
+	when   atomic.Int64 // the deadline (since the wheel's base); 0 while not armed
+	listed bool         // in w.list; guarded by w.mu
+}
+
+// After arms an alarm that runs f in its own goroutine d from now.
+func (w *Wheel) After(d time.Duration, f func()) *Alarm {
+	a := &Alarm{w: w, f: f}
+	a.Reset(d)
+	return a
+}
+
+// Reset arms a to run d from now, whether it was armed, stopped or had run; it reports
+// whether it was armed (as time.Timer's Reset).
+func (a *Alarm) Reset(d time.Duration) bool {
+	w := a.w
+	now := w.now()
+	when := now + int64(max(d, 0))
+	old := a.when.Swap(when)
+	// Armed already, and the wheel's timer fires no later than a grain after the new
+	// deadline: nothing to do. Otherwise the wheel must list it or fire earlier, or is
+	// sweeping (next is 0 from the sweep's start: it may have read the old deadline).
+	if next := w.next.Load(); old == 0 || next == 0 || next > when+w.grain {
+		w.arm(a)
+	}
+	return old != 0
+}
+
+// Stop disarms a; it reports whether a was armed (false: it had run, was running, or was
+// stopped), as time.Timer's Stop.
+func (a *Alarm) Stop() bool { return a.when.Swap(0) != 0 }
+
+// arm lists a and moves the wheel's timer to a's deadline when it would fire later than a
+// grain after it.
+func (w *Wheel) arm(a *Alarm) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !a.listed {
+		if len(w.list) >= w.compactAt {
+			w.compact()
+		}
+		a.listed = true
+		w.list = append(w.list, a)
+	}
+	when := a.when.Load()
+	if when == 0 {
+		return // stopped again meanwhile
+	}
+	if next := w.next.Load(); next == 0 || next > when+w.grain {
+		w.schedule(when)
+	}
+}
+
+// compact drops the stopped alarms from the list: alarms armed and stopped between two
+// firings of a far timer would otherwise pile up. w.mu held.
+func (w *Wheel) compact() {
+	keep := w.list[:0]
+	for _, a := range w.list {
+		if a.when.Load() == 0 {
+			a.listed = false
+			continue
+		}
+		keep = append(keep, a)
+	}
+	clear(w.list[len(keep):])
+	w.list = keep
+	w.compactAt = max(minCompact, 2*len(keep))
+}
+
+// schedule sets the wheel's timer to fire at when, or a grain from now if that is later
+// (which bounds the sweeps to one a grain). w.mu held.
+func (w *Wheel) schedule(when int64) {
+	at := max(when, w.now()+w.grain)
+	w.next.Store(at)
+	d := time.Duration(at - w.now())
+	if w.t == nil {
+		w.t = time.AfterFunc(d, w.fire)
+		return
+	}
+	w.t.Reset(d)
+}
+
+// fire runs the due alarms, drops the stopped ones and sets the timer for the earliest
+// deadline left, if any.
+func (w *Wheel) fire() {
+	w.mu.Lock()
+	w.next.Store(0) // an alarm moved from now on takes the lock, after this sweep
+	now := w.now()
+	due := w.due[:0]
+	keep := w.list[:0]
+	earliest := int64(0)
+	for _, a := range w.list {
+		when := a.when.Load()
+		if when != 0 && when <= now && a.when.CompareAndSwap(when, 0) {
+			a.listed = false
+			due = append(due, a)
+			continue
+		}
+		if when != 0 && when <= now {
+			when = a.when.Load() // moved or stopped meanwhile
+		}
+		if when == 0 {
+			a.listed = false
+			continue
+		}
+		keep = append(keep, a)
+		if earliest == 0 || when < earliest {
+			earliest = when
+		}
+	}
+	clear(w.list[len(keep):])
+	w.list = keep
+	w.compactAt = max(minCompact, 2*len(keep))
+	if earliest != 0 {
+		w.schedule(earliest)
+	}
+	for _, a := range due {
+		go a.f()
+	}
+	clear(due)
+	w.due = due[:0]
+	w.mu.Unlock()
+}

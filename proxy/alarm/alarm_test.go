@@ -1,0 +1,202 @@
+package alarm
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// ran is a function for an alarm and the times it ran.
+type ran struct {
+	n  atomic.Int32
+	ch chan time.Time
+}
+
+func newRan() *ran { return &ran{ch: make(chan time.Time, 16)} }
+
+func (r *ran) f() {
+	r.n.Add(1)
+	r.ch <- time.Now()
+}
+
+// wait returns when the alarm ran next, failing the test after limit.
+func (r *ran) wait(t *testing.T, limit time.Duration) time.Time {
+	t.Helper()
+	select {
+	case at := <-r.ch:
+		return at
+	case <-time.After(limit):
+		t.Fatalf("the alarm did not run within %v", limit)
+		return time.Time{}
+	}
+}
+
+func TestAfterRunsAtItsDeadline(t *testing.T) {
+	for _, d := range []time.Duration{-time.Second, 0, time.Millisecond, 20 * time.Millisecond, 60 * time.Millisecond} {
+		t.Run(d.String(), func(t *testing.T) {
+			w := New(5 * time.Millisecond)
+			r := newRan()
+			start := time.Now()
+			w.After(d, r.f)
+			if at := r.wait(t, 5*time.Second); at.Sub(start) < d {
+				t.Errorf("ran after %v, before its deadline %v", at.Sub(start), d)
+			}
+			if n := r.n.Load(); n != 1 {
+				t.Errorf("ran %d times", n)
+			}
+		})
+	}
+}
+
+func TestStop(t *testing.T) {
+	w := New(time.Millisecond)
+	r := newRan()
+	a := w.After(30*time.Millisecond, r.f)
+	if !a.Stop() {
+		t.Fatal("Stop of an armed alarm: false")
+	}
+	if a.Stop() {
+		t.Error("second Stop: true")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := r.n.Load(); n != 0 {
+		t.Fatalf("a stopped alarm ran %d times", n)
+	}
+	if a.Reset(time.Millisecond) {
+		t.Error("Reset of a stopped alarm: true")
+	}
+	r.wait(t, 5*time.Second)
+	if a.Stop() {
+		t.Error("Stop after it ran: true")
+	}
+}
+
+func TestResetMovesTheDeadline(t *testing.T) {
+	w := New(time.Millisecond)
+	r := newRan()
+	start := time.Now()
+	a := w.After(20*time.Millisecond, r.f)
+	if !a.Reset(150 * time.Millisecond) {
+		t.Fatal("Reset of an armed alarm: false")
+	}
+	if at := r.wait(t, 5*time.Second); at.Sub(start) < 150*time.Millisecond {
+		t.Fatalf("ran after %v: at the old deadline", at.Sub(start))
+	}
+	// Run again after it ran.
+	if a.Reset(0) {
+		t.Error("Reset after it ran: true")
+	}
+	r.wait(t, 5*time.Second)
+	if n := r.n.Load(); n != 2 {
+		t.Errorf("ran %d times, want 2", n)
+	}
+}
+
+// An alarm due before the wheel's timer pulls the timer forward; one moved earlier too.
+func TestEarlierAlarmMovesTheWheel(t *testing.T) {
+	w := New(5 * time.Millisecond)
+	far := w.After(time.Hour, func() { t.Error("the far alarm ran") })
+	defer far.Stop()
+	r := newRan()
+	w.After(10*time.Millisecond, r.f)
+	r.wait(t, 5*time.Second)
+
+	a := w.After(time.Hour, r.f)
+	a.Reset(10 * time.Millisecond)
+	r.wait(t, 5*time.Second)
+}
+
+// Alarms armed and stopped while the wheel's timer is far away are swept out as they come,
+// not kept until it fires.
+func TestStoppedAlarmsDoNotPileUp(t *testing.T) {
+	w := New(5 * time.Millisecond)
+	far := w.After(time.Hour, func() {})
+	defer far.Stop()
+	for range 10000 {
+		w.After(time.Hour, func() {}).Stop()
+	}
+	one := w.After(time.Hour, func() {})
+	for range 10000 {
+		one.Stop()
+		one.Reset(time.Hour)
+	}
+	w.mu.Lock()
+	n := len(w.list)
+	w.mu.Unlock()
+	if n > 2*minCompact {
+		t.Fatalf("%d alarms listed, 2 armed", n)
+	}
+}
+
+// Many goroutines moving, stopping and re-arming their alarms while the wheel sweeps: every
+// alarm armed last runs, once, and none runs while stopped.
+func TestConcurrentUse(t *testing.T) {
+	w := New(time.Millisecond)
+	const goroutines, rounds = 8, 150
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			r := newRan()
+			a := w.After(time.Hour, r.f)
+			for i := range rounds {
+				switch i % 3 {
+				case 0: // moved, then run
+					a.Reset(time.Hour)
+					a.Reset(time.Duration(i%4) * time.Millisecond)
+					r.wait(t, 5*time.Second)
+				case 1: // stopped before it is due
+					a.Reset(50 * time.Millisecond)
+					if !a.Stop() {
+						t.Errorf("goroutine %d round %d: Stop of an armed alarm: false", g, i)
+					}
+				case 2: // run at once
+					a.Reset(0)
+					r.wait(t, 5*time.Second)
+				}
+			}
+			a.Stop()
+			if want := int32(rounds / 3 * 2); r.n.Load() != want {
+				t.Errorf("goroutine %d: ran %d times, want %d", g, r.n.Load(), want)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestDefaultWheel(t *testing.T) {
+	r := newRan()
+	After(time.Millisecond, r.f)
+	r.wait(t, 5*time.Second)
+}
+
+func BenchmarkResetArmed(b *testing.B) {
+	w := New(Grain)
+	a := w.After(time.Hour, func() {})
+	defer a.Stop()
+	b.ReportAllocs()
+	for b.Loop() {
+		a.Reset(time.Hour)
+	}
+}
+
+// BenchmarkArmStop is the client-gone watch's cost on a request: armed, then stopped.
+func BenchmarkArmStop(b *testing.B) {
+	b.Run("alarm", func(b *testing.B) {
+		w := New(Grain)
+		a := w.After(time.Hour, func() {})
+		b.ReportAllocs()
+		for b.Loop() {
+			a.Reset(20 * time.Millisecond)
+			a.Stop()
+		}
+	})
+	b.Run("time.Timer", func(b *testing.B) {
+		tm := time.AfterFunc(time.Hour, func() {})
+		b.ReportAllocs()
+		for b.Loop() {
+			tm.Reset(20 * time.Millisecond)
+			tm.Stop()
+		}
+	})
+}
