@@ -34,6 +34,11 @@ type Wheel struct {
 
 	next atomic.Int64 // when the timer fires (since base); 0 while it is not armed
 
+	// armed counts the armed alarms, listed the list's length: a Stop that leaves fewer than
+	// a quarter of the list armed sweeps it, so that stopped alarms (and what their functions
+	// hold: a connection, a request) are not kept until a far timer fires.
+	armed, listed atomic.Int64
+
 	mu        sync.Mutex
 	t         *time.Timer
 	list      []*Alarm // every armed alarm, and alarms stopped since the last sweep
@@ -75,6 +80,9 @@ func (a *Alarm) Reset(d time.Duration) bool {
 	now := w.now()
 	when := now + int64(max(d, 0))
 	old := a.when.Swap(when)
+	if old == 0 {
+		w.armed.Add(1)
+	}
 	// Armed already, and the wheel's timer fires no later than a grain after the new
 	// deadline: nothing to do. Otherwise the wheel must list it or fire earlier, or is
 	// sweeping (next is 0 from the sweep's start: it may have read the old deadline).
@@ -86,7 +94,20 @@ func (a *Alarm) Reset(d time.Duration) bool {
 
 // Stop disarms a; it reports whether a was armed (false: it had run, was running, or was
 // stopped), as time.Timer's Stop.
-func (a *Alarm) Stop() bool { return a.when.Swap(0) != 0 }
+func (a *Alarm) Stop() bool {
+	if a.when.Swap(0) == 0 {
+		return false
+	}
+	w := a.w
+	if n, l := w.armed.Add(-1), w.listed.Load(); l > minCompact && n < l/4 {
+		w.mu.Lock()
+		if n, l := w.armed.Load(), int64(len(w.list)); l > minCompact && n < l/4 {
+			w.compact()
+		}
+		w.mu.Unlock()
+	}
+	return true
+}
 
 // arm lists a and moves the wheel's timer to a's deadline when it would fire later than a
 // grain after it.
@@ -99,6 +120,7 @@ func (w *Wheel) arm(a *Alarm) {
 		}
 		a.listed = true
 		w.list = append(w.list, a)
+		w.listed.Store(int64(len(w.list)))
 	}
 	when := a.when.Load()
 	if when == 0 {
@@ -122,6 +144,7 @@ func (w *Wheel) compact() {
 	}
 	clear(w.list[len(keep):])
 	w.list = keep
+	w.listed.Store(int64(len(keep)))
 	w.compactAt = max(minCompact, 2*len(keep))
 }
 
@@ -150,6 +173,7 @@ func (w *Wheel) fire() {
 	for _, a := range w.list {
 		when := a.when.Load()
 		if when != 0 && when <= now && a.when.CompareAndSwap(when, 0) {
+			w.armed.Add(-1)
 			a.listed = false
 			due = append(due, a)
 			continue
@@ -168,6 +192,7 @@ func (w *Wheel) fire() {
 	}
 	clear(w.list[len(keep):])
 	w.list = keep
+	w.listed.Store(int64(len(keep)))
 	w.compactAt = max(minCompact, 2*len(keep))
 	if earliest != 0 {
 		w.schedule(earliest)

@@ -1,6 +1,7 @@
 package alarm
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,6 +127,34 @@ func TestStoppedAlarmsDoNotPileUp(t *testing.T) {
 	w.mu.Unlock()
 	if n > 2*minCompact {
 		t.Fatalf("%d alarms listed, 2 armed", n)
+	}
+}
+
+// Stopped alarms do not keep what their functions hold until the wheel's far timer fires:
+// after a burst of streams ends, their connections and requests are garbage at once.
+func TestStoppedAlarmsLetGo(t *testing.T) {
+	w := New(5 * time.Millisecond)
+	far := w.After(time.Hour, func() {})
+	defer far.Stop()
+	const n = 1000
+	var freed atomic.Int32
+	alarms := make([]*Alarm, n)
+	for i := range alarms {
+		held := new([1 << 10]byte)
+		runtime.AddCleanup(held, func(struct{}) { freed.Add(1) }, struct{}{})
+		alarms[i] = w.After(time.Hour, func() { held[0]++ })
+	}
+	for _, a := range alarms {
+		a.Stop()
+	}
+	clear(alarms)
+	want := int32(n - 2*minCompact) // the last sweep may leave a few stopped ones listed
+	for i := 0; i < 100 && freed.Load() < want; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := freed.Load(); got < want {
+		t.Fatalf("%d of %d stopped alarms' referents freed", got, n)
 	}
 }
 
