@@ -133,19 +133,38 @@ func (w *Wheel) arm(a *Alarm) {
 
 // compact drops the stopped alarms from the list: alarms armed and stopped between two
 // firings of a far timer would otherwise pile up. w.mu held.
-func (w *Wheel) compact() {
+func (w *Wheel) compact() { w.sweep(0) }
+
+// sweep drops the stopped alarms from the list, moves those due at now (none when now is 0:
+// deadlines are at least 1) to w.due, and returns the earliest deadline left (0: none).
+// w.mu held.
+func (w *Wheel) sweep(now int64) (earliest int64) {
 	keep := w.list[:0]
 	for _, a := range w.list {
-		if a.when.Load() == 0 {
+		when := a.when.Load()
+		if when != 0 && when <= now {
+			if a.when.CompareAndSwap(when, 0) {
+				w.armed.Add(-1)
+				a.listed = false
+				w.due = append(w.due, a)
+				continue
+			}
+			when = a.when.Load() // moved or stopped meanwhile
+		}
+		if when == 0 {
 			a.listed = false
 			continue
 		}
 		keep = append(keep, a)
+		if earliest == 0 || when < earliest {
+			earliest = when
+		}
 	}
 	clear(w.list[len(keep):])
 	w.list = keep
 	w.listed.Store(int64(len(keep)))
 	w.compactAt = max(minCompact, 2*len(keep))
+	return earliest
 }
 
 // schedule sets the wheel's timer to fire at when, or a grain from now if that is later
@@ -165,42 +184,14 @@ func (w *Wheel) schedule(when int64) {
 // deadline left, if any.
 func (w *Wheel) fire() {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.next.Store(0) // an alarm moved from now on takes the lock, after this sweep
-	now := w.now()
-	due := w.due[:0]
-	keep := w.list[:0]
-	earliest := int64(0)
-	for _, a := range w.list {
-		when := a.when.Load()
-		if when != 0 && when <= now && a.when.CompareAndSwap(when, 0) {
-			w.armed.Add(-1)
-			a.listed = false
-			due = append(due, a)
-			continue
-		}
-		if when != 0 && when <= now {
-			when = a.when.Load() // moved or stopped meanwhile
-		}
-		if when == 0 {
-			a.listed = false
-			continue
-		}
-		keep = append(keep, a)
-		if earliest == 0 || when < earliest {
-			earliest = when
-		}
-	}
-	clear(w.list[len(keep):])
-	w.list = keep
-	w.listed.Store(int64(len(keep)))
-	w.compactAt = max(minCompact, 2*len(keep))
-	if earliest != 0 {
+	if earliest := w.sweep(w.now()); earliest != 0 {
 		w.schedule(earliest)
 	}
-	for _, a := range due {
+	for _, a := range w.due {
 		go a.f()
 	}
-	clear(due)
-	w.due = due[:0]
-	w.mu.Unlock()
+	clear(w.due)
+	w.due = w.due[:0]
 }

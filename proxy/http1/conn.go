@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/alarm"
-
 	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/socket"
 )
@@ -59,8 +58,8 @@ func (c *conn) serve() {
 		if c.watch != nil {
 			c.watch.Stop()
 		}
-		c.rd.detach()
-		c.wd.detach()
+		c.rd.stop()
+		c.wd.stop()
 		if !handed {
 			_ = c.nc.Close()
 			putReader(c.br)
@@ -77,14 +76,14 @@ func (c *conn) serve() {
 		if first || wait == 0 {
 			wait = s.ReadHeaderTimeout
 		}
-		c.readDeadline(wait)
+		c.rd.after(wait)
 		if _, err := c.br.Peek(1); err != nil {
 			return // closed, idle too long, or the server closed it
 		}
 		if !s.track(c, false) {
 			return
 		}
-		c.readDeadline(s.ReadHeaderTimeout)
+		c.rd.after(s.ReadHeaderTimeout)
 		req, n, err := c.readHead()
 		switch {
 		case err != nil:
@@ -92,8 +91,8 @@ func (c *conn) serve() {
 		case req == nil:
 			s.untrack(c)
 			handed = true
-			c.rd.detach() // the head's deadline stays on for net/http's server, as it was
-			c.wd.detach()
+			c.rd.stop() // net/http's server sets its own deadlines on the connection
+			c.wd.stop()
 			s.hand(c.nc, c.br)
 			return
 		}
@@ -107,8 +106,6 @@ func (c *conn) serve() {
 		}
 	}
 }
-
-func (c *conn) readDeadline(d time.Duration) { c.rd.after(d) }
 
 // readHead reads ahead (without consuming) the next request's head and parses it: the
 // request and the head's length when this server serves it; a nil request when the
@@ -276,7 +273,7 @@ func (b *body) drain(d time.Duration) bool {
 	case b.lr.Err != nil || b.lr.N > maxDiscard:
 		return false
 	}
-	b.c.readDeadline(d)
+	b.c.rd.after(d)
 	_, err := io.CopyN(io.Discard, b.c.br, b.lr.N)
 	_ = b.c.rd.Set(time.Time{})
 	b.lr.N = 0

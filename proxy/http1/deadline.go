@@ -18,22 +18,40 @@ import (
 type deadline struct {
 	set func(time.Time) error // the connection's SetReadDeadline or SetWriteDeadline
 
-	mu       sync.Mutex
-	a        *alarm.Alarm
-	at       time.Time // zero: none
-	onConn   bool      // the connection carries a past deadline (the alarm's, or an abort)
-	detached bool      // handed over: the connection's own deadline from now on
+	mu     sync.Mutex
+	a      *alarm.Alarm
+	at     time.Time // zero: none
+	onConn bool      // the connection carries a past deadline (the alarm's, or an abort)
+	done   bool      // the connection is closed or handed over: its own deadlines from now on
 }
 
 // Set sets the deadline to t (zero: none).
 func (d *deadline) Set(t time.Time) error {
+	var wait time.Duration
+	if !t.IsZero() {
+		wait = time.Until(t)
+	}
+	return d.put(t, wait)
+}
+
+// after sets the deadline wait from now; none when wait is zero.
+func (d *deadline) after(wait time.Duration) {
+	if wait <= 0 {
+		_ = d.put(time.Time{}, 0)
+		return
+	}
+	_ = d.put(time.Now().Add(wait), wait)
+}
+
+// put sets the deadline to t, which is wait from now.
+func (d *deadline) put(t time.Time, wait time.Duration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.detached {
+	if d.done {
 		return d.set(t)
 	}
 	d.at = t
-	if t.IsZero() || !time.Now().Before(t) {
+	if t.IsZero() || wait <= 0 {
 		if d.a != nil {
 			d.a.Stop()
 		}
@@ -50,45 +68,30 @@ func (d *deadline) Set(t time.Time) error {
 		}
 	}
 	if d.a == nil {
-		d.a = alarm.After(time.Until(t), d.expire)
+		d.a = alarm.After(wait, d.expire)
 	} else {
-		d.a.Reset(time.Until(t))
+		d.a.Reset(wait)
 	}
 	return nil
-}
-
-// after sets the deadline d from now; none when d is zero.
-func (d *deadline) after(wait time.Duration) {
-	if wait <= 0 {
-		_ = d.Set(time.Time{})
-		return
-	}
-	_ = d.Set(time.Now().Add(wait))
 }
 
 func (d *deadline) expire() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.detached || d.onConn || d.at.IsZero() || time.Now().Before(d.at) {
-		return // lifted, moved or handed over since the alarm was armed
+	if d.done || d.onConn || d.at.IsZero() || time.Now().Before(d.at) {
+		return // lifted, moved, closed or handed over since the alarm was armed
 	}
 	d.onConn = true
 	_ = d.set(longAgo)
 }
 
-// detach ends the alarm and puts the deadline on the connection itself: the connection
-// goes to another server (or closes), which keeps its deadlines its own way.
-func (d *deadline) detach() {
+// stop ends the alarm for good: the connection closes, or goes to net/http's server,
+// which sets its own deadlines (each request's read starts with one).
+func (d *deadline) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.detached {
-		return
-	}
-	d.detached = true
+	d.done = true
 	if d.a != nil {
 		d.a.Stop()
-	}
-	if !d.onConn && !d.at.IsZero() {
-		_ = d.set(d.at)
 	}
 }

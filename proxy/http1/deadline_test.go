@@ -85,19 +85,20 @@ func TestDeadline(t *testing.T) {
 	}
 }
 
-// Detached (the connection goes to net/http's server): the pending deadline goes on the
-// connection itself, the alarm never fires, and later deadlines are the connection's.
-func TestDeadlineDetach(t *testing.T) {
+// Stopped (the connection closes or goes to net/http's server): nothing more reaches the
+// connection, not even the pending deadline; later deadlines are the connection's own.
+func TestDeadlineStop(t *testing.T) {
 	s := &setter{}
 	d := &deadline{set: s.set}
-	at := time.Now().Add(30 * time.Millisecond)
-	_ = d.Set(at)
-	d.detach()
+	_ = d.Set(time.Now().Add(30 * time.Millisecond))
+	d.stop()
 	time.Sleep(200 * time.Millisecond)
+	if got := s.got(); len(got) != 0 {
+		t.Fatalf("set %v after stop, want nothing", got)
+	}
 	later := time.Now().Add(time.Hour)
 	_ = d.Set(later)
-	got := s.got()
-	if len(got) != 2 || !got[0].Equal(at) || !got[1].Equal(later) {
-		t.Fatalf("set %v, want [%v %v]", got, at, later)
+	if got := s.got(); len(got) != 1 || !got[0].Equal(later) {
+		t.Fatalf("set %v, want [%v]: the connection's own deadline", got, later)
 	}
 }

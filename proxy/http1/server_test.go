@@ -575,3 +575,37 @@ func TestChunkedWriteAllocates(t *testing.T) {
 		t.Fatalf("%.1f allocations an event", n)
 	}
 }
+
+// TestHandedOffOutlivesTheHeadTimeout: a connection handed to net/http's server (here a
+// chunked upload, as a client streaming its request sends) is net/http's from then on: the
+// own server's head time-out, an alarm, must not cut its slow body later.
+func TestHandedOffOutlivesTheHeadTimeout(t *testing.T) {
+	ts := startServer(t, nil, func(s *Server) { s.ReadHeaderTimeout = 100 * time.Millisecond })
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	for _, part := range []string{`{"model":`, `"m","messages":`, `[{"role":"user",`, `"content":"hi"}]}`} {
+		time.Sleep(80 * time.Millisecond) // 320 ms in all, past the 100 ms head time-out
+		if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(part), part); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := io.WriteString(c, "0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to the slow chunked upload: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(b) != "fallback" {
+		t.Fatalf("status %d, body %q; want 200 from the fallback", resp.StatusCode, b)
+	}
+}
