@@ -73,6 +73,22 @@
 // labelled otel_metric_overflow="true"), so the handler should pass model
 // names that a route accepted, not arbitrary client input.
 //
+// The per-request instruments (the four GenAI ones, sluice.requests, the
+// in-flight gauge, overhead and attempts) are aggregated by this package
+// (series.go), not by the OpenTelemetry SDK, whose measurement resolves and
+// normalises its attribute set and looks up its series on every call: 2.7 µs
+// for RecordRequest against 0.3 µs now (BenchmarkRecordRequest), 6% of the
+// gateway's CPU at 2,000 req/s. Their exposition is the SDK exporter's, in
+// both formats, pinned by TestExpositionGolden (testdata/exposition.txt was
+// written by the SDK's exporter): names, help, labels, buckets with inclusive
+// upper bounds, the 2000-series limit with its overflow series, exemplars.
+// Exemplars follow OTEL_METRICS_EXEMPLAR_FILTER (always_on, always_off,
+// trace_based; unset: trace_based when traces are exported, else off): the
+// last measurement of each bucket (of a counter: its last increment) with
+// trace_id and span_id, shown in the OpenMetrics format; the gauge keeps none.
+// The rest (upstream errors, reloads, config info) and every instrument other
+// packages make on Meter stay in the SDK; all appear on the same registry.
+//
 // # Time to first token and time per output token
 //
 // GenAI conventions v1.41.0 define two pairs: client-side

@@ -6,12 +6,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/exposition.txt from this build")
@@ -152,5 +156,108 @@ func TestCardinalityLimit(t *testing.T) {
 	// sluice_requests_total has one label set here: no overflow.
 	if n := len(fams["sluice_requests_total"].GetMetric()); n != 1 {
 		t.Errorf("sluice_requests_total: %d series, want 1", n)
+	}
+}
+
+// TestExemplars: with traces exported, a measurement under a sampled span leaves an
+// exemplar (trace_id, span_id, its value) on its histogram bucket and on the request
+// counter, never on the in-flight gauge; none without a sampled span, with tracing off,
+// or with OTEL_METRICS_EXEMPLAR_FILTER=always_off.
+func TestExemplars(t *testing.T) {
+	tests := []struct {
+		name    string
+		tracing bool
+		filter  string
+		sampled bool
+		want    bool
+	}{
+		{"sampled span", true, "", true, true},
+		{"span not sampled", true, "", false, false},
+		{"filter always_off", true, "always_off", true, false},
+		{"tracing off", false, "", false, false},
+		{"tracing off, filter always_on", false, "always_on", false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			noTraceEnv(t)
+			t.Setenv("OTEL_METRICS_EXEMPLAR_FILTER", tt.filter)
+			opts := Options{}
+			if tt.tracing {
+				opts.SpanExporter = tracetest.NewNoopExporter()
+			}
+			tel := newTel(t, opts)
+			ctx := context.Background()
+			var tid string
+			if tt.tracing {
+				var span trace.Span
+				ctx, span = tel.StartServer(ctx, incomingRequest(), "chat")
+				defer span.End()
+				if !tt.sampled {
+					ctx = trace.ContextWithSpanContext(context.Background(),
+						span.SpanContext().WithTraceFlags(0))
+				}
+				tid = span.SpanContext().TraceID().String()
+			}
+			tel.RecordRequest(ctx, okStream)
+			tel.InFlight(ctx, "chat", 1)
+			out := exposition(t, tel, "application/openmetrics-text; version=1.0.0")
+			for _, name := range []string{
+				"gen_ai_client_operation_duration_seconds_bucket", "gen_ai_client_token_usage_bucket",
+				"gen_ai_server_time_to_first_token_seconds_bucket", "gen_ai_server_time_per_output_token_seconds_bucket",
+				"sluice_gateway_overhead_seconds_bucket", "sluice_request_attempts_bucket", "sluice_requests_total",
+			} {
+				var n int
+				for _, line := range strings.Split(out, "\n") {
+					if strings.HasPrefix(line, name+"{") && strings.Contains(line, " # {") {
+						n++
+						if tid != "" && tt.want && !strings.Contains(line, `trace_id="`+tid+`"`) {
+							t.Errorf("%s: exemplar without the span's trace: %s", name, line)
+						}
+					}
+				}
+				want := 0
+				if tt.want {
+					want = 1
+					if name == "gen_ai_client_token_usage_bucket" {
+						want = 2 // input and output
+					}
+				}
+				if n != want {
+					t.Errorf("%s: %d exemplars, want %d", name, n, want)
+				}
+			}
+			if strings.Contains(out, "sluice_requests_in_flight{route=\"chat\"} 1.0 #") {
+				t.Error("the in-flight gauge carries an exemplar")
+			}
+		})
+	}
+}
+
+// TestConcurrentHistograms: parallel measurements of one series lose nothing: the count
+// and the sum are every measurement's.
+func TestConcurrentHistograms(t *testing.T) {
+	noTraceEnv(t)
+	tel := newTel(t, Options{})
+	const workers, each = 8, 500
+	done := make(chan struct{})
+	for range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range each {
+				tel.RecordRequest(context.Background(), okStream) // overhead 80 µs, attempts 1
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	fams := scrape(t, tel)
+	h := find(fams["sluice_request_attempts"], map[string]string{"route": "chat"}).GetHistogram()
+	if h.GetSampleCount() != workers*each || h.GetSampleSum() != workers*each {
+		t.Errorf("attempts: count %d sum %v, want %d", h.GetSampleCount(), h.GetSampleSum(), workers*each)
+	}
+	o := find(fams["sluice_gateway_overhead_seconds"], map[string]string{"route": "chat"}).GetHistogram()
+	if want := 80e-6 * workers * each; o.GetSampleCount() != workers*each || math.Abs(o.GetSampleSum()-want) > 1e-9 {
+		t.Errorf("overhead: count %d sum %v, want %d and %v", o.GetSampleCount(), o.GetSampleSum(), workers*each, want)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/semconv/v1.41.0/genaiconv"
@@ -73,18 +75,14 @@ const (
 const cacheLimit = 4096
 
 type instruments struct {
-	// GenAI semantic conventions.
-	opDuration genaiconv.ClientOperationDuration
-	tokenUsage genaiconv.ClientTokenUsage
-	ttft       genaiconv.ServerTimeToFirstToken
-	tpot       genaiconv.ServerTimePerOutputToken
+	// Per request, aggregated by Sluice (series.go): the GenAI semantic conventions' four
+	// and Sluice's own.
+	opDuration, tokenUsage, ttft, tpot     *family
+	requests, inFlight, overhead, attempts *family
+	exemplars                              exemplarFilter
 
-	// Sluice's own.
-	requests       metric.Int64Counter
-	inFlight       metric.Int64UpDownCounter
+	// The rest, in the OpenTelemetry SDK.
 	upstreamErrors metric.Int64Counter
-	overhead       metric.Float64Histogram
-	attempts       metric.Int64Histogram
 	reloads        metric.Int64Counter
 
 	lastReloadOK atomic.Int64 // unix nanoseconds; 0 = never
@@ -92,54 +90,37 @@ type instruments struct {
 
 	reloadOK, reloadErr []metric.AddOption
 
-	reqCache      optCache[recordKey, *recordOpts]
-	inFlightCache optCache[string, []metric.AddOption]
+	reqCache      optCache[recordKey, *recordRefs]
+	inFlightCache optCache[string, *ref]
 	upErrCache    optCache[[2]string, []metric.AddOption]
 	endpointCache optCache[string, hostPort]
 }
 
-func (in *instruments) init(m metric.Meter) error {
+// families are the per-request instruments, as the SDK's Prometheus exporter names them.
+func (in *instruments) families() []*family {
+	in.opDuration = newFamily("gen_ai_client_operation_duration_seconds", "GenAI operation duration.", kindHistogram, durationBuckets)
+	in.tokenUsage = newFamily("gen_ai_client_token_usage", "Number of input and output tokens used.", kindHistogram, tokenBuckets)
+	in.ttft = newFamily("gen_ai_server_time_to_first_token_seconds", "Time to generate first token for successful responses.", kindHistogram, ttftBuckets)
+	in.tpot = newFamily("gen_ai_server_time_per_output_token_seconds", "Time per output token generated after the first token for successful responses.", kindHistogram, tpotBuckets)
+	in.requests = newFamily("sluice_requests_total", "Requests Sluice answered, by route, cluster, HTTP status and error class.", kindCounter, nil)
+	in.inFlight = newFamily("sluice_requests_in_flight", "Requests in progress in Sluice, by route.", kindGauge, nil)
+	in.overhead = newFamily("sluice_gateway_overhead_seconds", "Time spent in Sluice itself per request, excluding the wait on the upstream.", kindHistogram, overheadBuckets)
+	in.attempts = newFamily("sluice_request_attempts", "Upstream attempts per request (1 = no retry or fallback).", kindHistogram, attemptBuckets)
+	return []*family{in.opDuration, in.tokenUsage, in.ttft, in.tpot, in.requests, in.inFlight, in.overhead, in.attempts}
+}
+
+func (in *instruments) init(m metric.Meter, reg prometheus.Registerer, tracing bool) error {
 	var err error
 	fail := func(name string, e error) error { return fmt.Errorf("telemetry: instrument %s: %w", name, e) }
 
-	if in.opDuration, err = genaiconv.NewClientOperationDuration(m, metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
-		return fail("gen_ai.client.operation.duration", err)
-	}
-	if in.tokenUsage, err = genaiconv.NewClientTokenUsage(m, metric.WithExplicitBucketBoundaries(tokenBuckets...)); err != nil {
-		return fail("gen_ai.client.token.usage", err)
-	}
-	if in.ttft, err = genaiconv.NewServerTimeToFirstToken(m, metric.WithExplicitBucketBoundaries(ttftBuckets...)); err != nil {
-		return fail("gen_ai.server.time_to_first_token", err)
-	}
-	if in.tpot, err = genaiconv.NewServerTimePerOutputToken(m, metric.WithExplicitBucketBoundaries(tpotBuckets...)); err != nil {
-		return fail("gen_ai.server.time_per_output_token", err)
-	}
-	if in.requests, err = m.Int64Counter("sluice.requests",
-		metric.WithDescription("Requests Sluice answered, by route, cluster, HTTP status and error class."),
-		metric.WithUnit("{request}")); err != nil {
-		return fail("sluice.requests", err)
-	}
-	if in.inFlight, err = m.Int64UpDownCounter("sluice.requests.in_flight",
-		metric.WithDescription("Requests in progress in Sluice, by route."),
-		metric.WithUnit("{request}")); err != nil {
-		return fail("sluice.requests.in_flight", err)
+	in.exemplars = exemplarFilterFor(tracing)
+	if err := reg.Register(&collector{families: in.families()}); err != nil {
+		return fail("request metrics", err)
 	}
 	if in.upstreamErrors, err = m.Int64Counter("sluice.upstream.errors",
 		metric.WithDescription("Failed upstream attempts, by cluster and error class."),
 		metric.WithUnit("{error}")); err != nil {
 		return fail("sluice.upstream.errors", err)
-	}
-	if in.overhead, err = m.Float64Histogram("sluice.gateway.overhead",
-		metric.WithDescription("Time spent in Sluice itself per request, excluding the wait on the upstream."),
-		metric.WithUnit("s"),
-		metric.WithExplicitBucketBoundaries(overheadBuckets...)); err != nil {
-		return fail("sluice.gateway.overhead", err)
-	}
-	if in.attempts, err = m.Int64Histogram("sluice.request.attempts",
-		metric.WithDescription("Upstream attempts per request (1 = no retry or fallback)."),
-		metric.WithUnit("{attempt}"),
-		metric.WithExplicitBucketBoundaries(attemptBuckets...)); err != nil {
-		return fail("sluice.request.attempts", err)
 	}
 	if in.reloads, err = m.Int64Counter("sluice.config.reloads",
 		metric.WithDescription("Configuration reloads, by result (ok or error)."),
@@ -177,8 +158,8 @@ func (in *instruments) init(m metric.Meter) error {
 	in.reloads.Add(context.Background(), 0, in.reloadErr...)
 
 	in.reqCache.build = buildRecordOpts(in)
-	in.inFlightCache.build = func(route string) []metric.AddOption {
-		return addOpts(attribute.NewSet(keyRoute.String(route)))
+	in.inFlightCache.build = func(route string) *ref {
+		return newRef(in.inFlight, label{"route", route})
 	}
 	in.upErrCache.build = func(k [2]string) []metric.AddOption {
 		return addOpts(attribute.NewSet(keyCluster.String(k[0]), keyErrorType.String(k[1])))
@@ -225,50 +206,59 @@ type recordKey struct {
 	status                                                      int
 }
 
-// recordOpts holds the pre-built option slices for one recordKey, so that a
-// RecordRequest with a known key allocates nothing of its own.
-type recordOpts struct {
-	requests   []metric.AddOption
-	duration   []metric.RecordOption // GenAI attributes + error.type
-	latency    []metric.RecordOption // GenAI attributes (TTFT, TPOT)
-	tokIn      []metric.RecordOption
-	tokOut     []metric.RecordOption
-	routeAttrs []metric.RecordOption // overhead, attempts
+// recordRefs holds the series of one recordKey, so that a RecordRequest with a known key
+// allocates nothing and looks nothing up.
+type recordRefs struct {
+	requests          *ref
+	duration          *ref // GenAI labels + error_type
+	ttft, tpot        *ref // GenAI labels
+	tokIn, tokOut     *ref
+	overhead, attempt *ref // route
 }
 
-func buildRecordOpts(in *instruments) func(recordKey) *recordOpts {
-	return func(k recordKey) *recordOpts {
-		o := &recordOpts{}
-		req := []attribute.KeyValue{keyRoute.String(k.route), keyCluster.String(k.cluster), keyStatusCode.Int(k.status)}
+func buildRecordOpts(in *instruments) func(recordKey) *recordRefs {
+	return func(k recordKey) *recordRefs {
+		o := &recordRefs{}
+		// Labels in name order, as the exposition sorts them.
+		req := []label{{"cluster", k.cluster}}
 		if k.errClass != "" {
-			req = append(req, keyErrorType.String(k.errClass))
+			req = append(req, label{"error_type", k.errClass})
 		}
-		o.requests = addOpts(attribute.NewSet(req...))
-		o.routeAttrs = recordOptsOf(attribute.NewSet(keyRoute.String(k.route)))
+		req = append(req, label{"http_response_status_code", strconv.Itoa(k.status)}, label{"route", k.route})
+		o.requests = newRef(in.requests, req...)
+		o.overhead = newRef(in.overhead, label{"route", k.route})
+		o.attempt = newRef(in.attempts, label{"route", k.route})
 		if k.op == "" {
 			return o
 		}
-		g := make([]attribute.KeyValue, 0, 8)
-		g = append(g, keyOperationName.String(k.op), keyProviderName.String(ProviderName))
+		// GenAI labels: error_type sorts first, gen_ai_token_type after the models.
+		g := []label{{"gen_ai_operation_name", k.op}, {"gen_ai_provider_name", ProviderName}}
 		if k.reqModel != "" {
-			g = append(g, keyRequestModel.String(k.reqModel))
+			g = append(g, label{"gen_ai_request_model", k.reqModel})
 		}
 		if k.respModel != "" {
-			g = append(g, keyResponseModel.String(k.respModel))
+			g = append(g, label{"gen_ai_response_model", k.respModel})
 		}
+		models := len(g)
 		if hp := in.endpointCache.get(k.endpoint); hp.host != "" {
-			g = append(g, keyServerAddress.String(hp.host))
+			g = append(g, label{"server_address", hp.host})
 			if hp.port != 0 {
-				g = append(g, keyServerPort.Int(hp.port))
+				g = append(g, label{"server_port", strconv.Itoa(hp.port)})
 			}
 		}
-		o.latency = recordOptsOf(attribute.NewSet(g...))
-		o.tokIn = recordOptsOf(attribute.NewSet(append(g[:len(g):len(g)], keyTokenType.String(string(genaiconv.TokenTypeInput)))...))
-		o.tokOut = recordOptsOf(attribute.NewSet(append(g[:len(g):len(g)], keyTokenType.String(string(genaiconv.TokenTypeOutput)))...))
+		tok := func(typ genaiconv.TokenTypeAttr) []label {
+			out := make([]label, 0, len(g)+1)
+			out = append(out, g[:models]...)
+			out = append(out, label{"gen_ai_token_type", string(typ)})
+			return append(out, g[models:]...)
+		}
+		o.ttft, o.tpot = newRef(in.ttft, g...), newRef(in.tpot, g...)
+		o.tokIn = newRef(in.tokenUsage, tok(genaiconv.TokenTypeInput)...)
+		o.tokOut = newRef(in.tokenUsage, tok(genaiconv.TokenTypeOutput)...)
 		if k.errClass != "" {
-			o.duration = recordOptsOf(attribute.NewSet(append(g[:len(g):len(g)], keyErrorType.String(k.errClass))...))
+			o.duration = newRef(in.opDuration, append([]label{{"error_type", k.errClass}}, g...)...)
 		} else {
-			o.duration = o.latency
+			o.duration = newRef(in.opDuration, g...)
 		}
 		return o
 	}
@@ -287,37 +277,38 @@ func (t *Telemetry) RecordRequest(ctx context.Context, r RequestRecord) {
 		route: r.Route, cluster: r.Cluster, endpoint: r.Endpoint, op: r.Operation,
 		reqModel: r.RequestModel, respModel: r.ResponseModel, errClass: r.ErrorClass, status: r.Status,
 	})
-	in.requests.Add(ctx, 1, o.requests...)
+	sm := in.exemplars.sample(ctx)
+	o.requests.get().add(1, sm)
 	if r.Overhead > 0 {
-		in.overhead.Record(ctx, r.Overhead.Seconds(), o.routeAttrs...)
+		o.overhead.get().observe(overheadBuckets, r.Overhead.Seconds(), sm)
 	}
 	if r.Attempts > 0 {
-		in.attempts.Record(ctx, int64(r.Attempts), o.routeAttrs...)
+		o.attempt.get().observe(attemptBuckets, float64(r.Attempts), sm)
 	}
 	if r.Operation == "" {
 		return
 	}
-	in.opDuration.Inst().Record(ctx, r.Duration.Seconds(), o.duration...)
+	o.duration.get().observe(durationBuckets, r.Duration.Seconds(), sm)
 	if r.InputTokens > 0 {
-		in.tokenUsage.Inst().Record(ctx, int64(r.InputTokens), o.tokIn...)
+		o.tokIn.get().observe(tokenBuckets, float64(r.InputTokens), sm)
 	}
 	if r.OutputTokens > 0 {
-		in.tokenUsage.Inst().Record(ctx, int64(r.OutputTokens), o.tokOut...)
+		o.tokOut.get().observe(tokenBuckets, float64(r.OutputTokens), sm)
 	}
 	if r.ErrorClass == "" {
 		if r.TTFT > 0 {
-			in.ttft.Inst().Record(ctx, r.TTFT.Seconds(), o.latency...)
+			o.ttft.get().observe(ttftBuckets, r.TTFT.Seconds(), sm)
 		}
 		if r.TPOT > 0 {
-			in.tpot.Inst().Record(ctx, r.TPOT.Seconds(), o.latency...)
+			o.tpot.get().observe(tpotBuckets, r.TPOT.Seconds(), sm)
 		}
 	}
 }
 
 // InFlight adds delta (+1 when a request starts, -1 when it ends) to the
 // in-flight gauge of route.
-func (t *Telemetry) InFlight(ctx context.Context, route string, delta int64) {
-	t.inst.inFlight.Add(ctx, delta, t.inst.inFlightCache.get(route)...)
+func (t *Telemetry) InFlight(_ context.Context, route string, delta int64) {
+	t.inst.inFlightCache.get(route).get().add(delta, sample{}) // a gauge keeps no exemplar
 }
 
 // UpstreamError counts one failed upstream attempt of cluster, class being
@@ -346,10 +337,6 @@ func (t *Telemetry) SetConfigInfo(version string) {
 
 func addOpts(s attribute.Set) []metric.AddOption {
 	return []metric.AddOption{metric.WithAttributeSet(s)}
-}
-
-func recordOptsOf(s attribute.Set) []metric.RecordOption {
-	return []metric.RecordOption{metric.WithAttributeSet(s)}
 }
 
 // optCache memoizes build(key). Reads take a read lock only.

@@ -116,7 +116,7 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 	t.mp = sdkmetric.NewMeterProvider(mopts...)
 	t.meter = t.mp.Meter(ScopeName, metric.WithInstrumentationVersion(opts.ServiceVersion))
 
-	if err := t.inst.init(t.meter); err != nil {
+	if err := t.inst.init(t.meter, reg, t.tracing); err != nil {
 		_ = t.Shutdown(ctx)
 		return nil, err
 	}
