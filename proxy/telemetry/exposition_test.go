@@ -1,14 +1,10 @@
 package telemetry
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -20,32 +16,15 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/exposition.txt from this build")
 
-// exposition is /metrics in the Prometheus text format, target_info left out (its labels
+// exposition is /metrics in the format accept asks for, target_info left out (its labels
 // name the SDK's version).
 func exposition(t *testing.T, tel *Telemetry, accept string) string {
 	t.Helper()
-	srv := httptest.NewServer(tel.Handler())
-	defer srv.Close()
-	req, err := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept", accept)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
 	var b strings.Builder
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 8<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if line := sc.Text(); !strings.Contains(line, "target_info") {
-			b.WriteString(line + "\n")
+	for line := range strings.Lines(string(metricsBody(t, tel, accept))) {
+		if !strings.Contains(line, "target_info") {
+			b.WriteString(line)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return b.String()
 }
@@ -200,11 +179,13 @@ func TestExemplars(t *testing.T) {
 			}
 			tel.RecordRequest(ctx, okStream)
 			tel.InFlight(ctx, "chat", 1)
+			tel.UpstreamError(ctx, "llama-primary", "upstream_timeout") // an SDK instrument: the same filter
 			out := exposition(t, tel, "application/openmetrics-text; version=1.0.0")
 			for _, name := range []string{
 				"gen_ai_client_operation_duration_seconds_bucket", "gen_ai_client_token_usage_bucket",
 				"gen_ai_server_time_to_first_token_seconds_bucket", "gen_ai_server_time_per_output_token_seconds_bucket",
 				"sluice_gateway_overhead_seconds_bucket", "sluice_request_attempts_bucket", "sluice_requests_total",
+				"sluice_upstream_errors_total",
 			} {
 				var n int
 				for _, line := range strings.Split(out, "\n") {

@@ -70,8 +70,8 @@ const (
 )
 
 // cacheLimit bounds each attribute cache; past it the cache is cleared and
-// refilled by the traffic that follows (the SDK's own cardinality limit, 2000
-// series per instrument, bounds the metrics themselves).
+// refilled by the traffic that follows (seriesLimit, 2000 series per
+// instrument as in the SDK, bounds the metrics themselves).
 const cacheLimit = 4096
 
 type instruments struct {
@@ -109,11 +109,11 @@ func (in *instruments) families() []*family {
 	return []*family{in.opDuration, in.tokenUsage, in.ttft, in.tpot, in.requests, in.inFlight, in.overhead, in.attempts}
 }
 
-func (in *instruments) init(m metric.Meter, reg prometheus.Registerer, tracing bool) error {
+func (in *instruments) init(m metric.Meter, reg prometheus.Registerer, filter exemplarFilter) error {
 	var err error
 	fail := func(name string, e error) error { return fmt.Errorf("telemetry: instrument %s: %w", name, e) }
 
-	in.exemplars = exemplarFilterFor(tracing)
+	in.exemplars = filter
 	if err := reg.Register(&collector{families: in.families()}); err != nil {
 		return fail("request metrics", err)
 	}
@@ -159,7 +159,7 @@ func (in *instruments) init(m metric.Meter, reg prometheus.Registerer, tracing b
 
 	in.reqCache.build = buildRecordOpts(in)
 	in.inFlightCache.build = func(route string) *ref {
-		return newRef(in.inFlight, label{"route", route})
+		return newRef(in.inFlight, labelOf(keyRoute, route))
 	}
 	in.upErrCache.build = func(k [2]string) []metric.AddOption {
 		return addOpts(attribute.NewSet(keyCluster.String(k[0]), keyErrorType.String(k[1])))
@@ -220,43 +220,43 @@ func buildRecordOpts(in *instruments) func(recordKey) *recordRefs {
 	return func(k recordKey) *recordRefs {
 		o := &recordRefs{}
 		// Labels in name order, as the exposition sorts them.
-		req := []label{{"cluster", k.cluster}}
+		req := []label{labelOf(keyCluster, k.cluster)}
 		if k.errClass != "" {
-			req = append(req, label{"error_type", k.errClass})
+			req = append(req, labelOf(keyErrorType, k.errClass))
 		}
-		req = append(req, label{"http_response_status_code", strconv.Itoa(k.status)}, label{"route", k.route})
+		req = append(req, labelOf(keyStatusCode, strconv.Itoa(k.status)), labelOf(keyRoute, k.route))
 		o.requests = newRef(in.requests, req...)
-		o.overhead = newRef(in.overhead, label{"route", k.route})
-		o.attempt = newRef(in.attempts, label{"route", k.route})
+		o.overhead = newRef(in.overhead, labelOf(keyRoute, k.route))
+		o.attempt = newRef(in.attempts, labelOf(keyRoute, k.route))
 		if k.op == "" {
 			return o
 		}
 		// GenAI labels: error_type sorts first, gen_ai_token_type after the models.
-		g := []label{{"gen_ai_operation_name", k.op}, {"gen_ai_provider_name", ProviderName}}
+		g := []label{labelOf(keyOperationName, k.op), labelOf(keyProviderName, ProviderName)}
 		if k.reqModel != "" {
-			g = append(g, label{"gen_ai_request_model", k.reqModel})
+			g = append(g, labelOf(keyRequestModel, k.reqModel))
 		}
 		if k.respModel != "" {
-			g = append(g, label{"gen_ai_response_model", k.respModel})
+			g = append(g, labelOf(keyResponseModel, k.respModel))
 		}
 		models := len(g)
 		if hp := in.endpointCache.get(k.endpoint); hp.host != "" {
-			g = append(g, label{"server_address", hp.host})
+			g = append(g, labelOf(keyServerAddress, hp.host))
 			if hp.port != 0 {
-				g = append(g, label{"server_port", strconv.Itoa(hp.port)})
+				g = append(g, labelOf(keyServerPort, strconv.Itoa(hp.port)))
 			}
 		}
 		tok := func(typ genaiconv.TokenTypeAttr) []label {
 			out := make([]label, 0, len(g)+1)
 			out = append(out, g[:models]...)
-			out = append(out, label{"gen_ai_token_type", string(typ)})
+			out = append(out, labelOf(keyTokenType, string(typ)))
 			return append(out, g[models:]...)
 		}
 		o.ttft, o.tpot = newRef(in.ttft, g...), newRef(in.tpot, g...)
 		o.tokIn = newRef(in.tokenUsage, tok(genaiconv.TokenTypeInput)...)
 		o.tokOut = newRef(in.tokenUsage, tok(genaiconv.TokenTypeOutput)...)
 		if k.errClass != "" {
-			o.duration = newRef(in.opDuration, append([]label{{"error_type", k.errClass}}, g...)...)
+			o.duration = newRef(in.opDuration, append([]label{labelOf(keyErrorType, k.errClass)}, g...)...)
 		} else {
 			o.duration = newRef(in.opDuration, g...)
 		}
@@ -280,27 +280,27 @@ func (t *Telemetry) RecordRequest(ctx context.Context, r RequestRecord) {
 	sm := in.exemplars.sample(ctx)
 	o.requests.get().add(1, sm)
 	if r.Overhead > 0 {
-		o.overhead.get().observe(overheadBuckets, r.Overhead.Seconds(), sm)
+		o.overhead.get().observe(r.Overhead.Seconds(), sm)
 	}
 	if r.Attempts > 0 {
-		o.attempt.get().observe(attemptBuckets, float64(r.Attempts), sm)
+		o.attempt.get().observe(float64(r.Attempts), sm)
 	}
 	if r.Operation == "" {
 		return
 	}
-	o.duration.get().observe(durationBuckets, r.Duration.Seconds(), sm)
+	o.duration.get().observe(r.Duration.Seconds(), sm)
 	if r.InputTokens > 0 {
-		o.tokIn.get().observe(tokenBuckets, float64(r.InputTokens), sm)
+		o.tokIn.get().observe(float64(r.InputTokens), sm)
 	}
 	if r.OutputTokens > 0 {
-		o.tokOut.get().observe(tokenBuckets, float64(r.OutputTokens), sm)
+		o.tokOut.get().observe(float64(r.OutputTokens), sm)
 	}
 	if r.ErrorClass == "" {
 		if r.TTFT > 0 {
-			o.ttft.get().observe(ttftBuckets, r.TTFT.Seconds(), sm)
+			o.ttft.get().observe(r.TTFT.Seconds(), sm)
 		}
 		if r.TPOT > 0 {
-			o.tpot.get().observe(tpotBuckets, r.TPOT.Seconds(), sm)
+			o.tpot.get().observe(r.TPOT.Seconds(), sm)
 		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -51,6 +53,17 @@ func exemplarFilterFor(tracing bool) exemplarFilter {
 		}
 	}
 	return exemplarsTraceBased
+}
+
+// sdk is f as the SDK's option, for the instruments that stay in the SDK.
+func (f exemplarFilter) sdk() exemplar.Filter {
+	switch f {
+	case exemplarsOff:
+		return exemplar.AlwaysOffFilter
+	case exemplarsAlwaysOn:
+		return exemplar.AlwaysOnFilter
+	}
+	return exemplar.TraceBasedFilter
 }
 
 // kept is one measurement kept with its trace.
@@ -110,6 +123,11 @@ func newFamily(name, help string, k kind, bounds []float64) *family {
 // label is one label of a series, by its Prometheus name.
 type label struct{ name, value string }
 
+// labelOf is k's label as the SDK's exporter names it (dots become underscores).
+func labelOf(k attribute.Key, v string) label {
+	return label{strings.ReplaceAll(string(k), ".", "_"), v}
+}
+
 // get returns the series of labels, made on first use; past the limit, the overflow one.
 func (f *family) get(labels []label) *series {
 	var b strings.Builder
@@ -144,7 +162,7 @@ func (f *family) newSeries(labels []label) *series {
 	for i, l := range labels {
 		names[i], values[i] = l.name, l.value
 	}
-	s := &series{desc: prometheus.NewDesc(f.name, f.help, names, nil), values: values}
+	s := &series{desc: prometheus.NewDesc(f.name, f.help, names, nil), values: values, bounds: f.bounds}
 	n := 1
 	if f.kind == kindHistogram {
 		n = len(f.bounds) + 1
@@ -159,6 +177,7 @@ func (f *family) newSeries(labels []label) *series {
 type series struct {
 	desc   *prometheus.Desc
 	values []string
+	bounds []float64 // histograms: the family's
 
 	n       atomic.Int64    // counters and gauges
 	counts  []atomic.Uint64 // histograms: per bucket, not cumulative; the last is +Inf
@@ -176,9 +195,9 @@ func (s *series) add(d int64, sm sample) {
 	}
 }
 
-// observe records v in a histogram whose buckets' upper bounds are bounds.
-func (s *series) observe(bounds []float64, v float64, sm sample) {
-	i := sort.SearchFloat64s(bounds, v) // the first bound ≥ v: upper bounds are inclusive
+// observe records v in a histogram.
+func (s *series) observe(v float64, sm sample) {
+	i := sort.SearchFloat64s(s.bounds, v) // the first bound ≥ v: upper bounds are inclusive
 	s.counts[i].Add(1)
 	for {
 		old := s.sumBits.Load()

@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -107,16 +106,15 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 		t.tracer = noop.NewTracerProvider().Tracer(ScopeName)
 	}
 
-	mopts := []sdkmetric.Option{sdkmetric.WithReader(exp), sdkmetric.WithResource(res)}
 	// Exemplars are only worth their cost when they can point at a trace this
-	// process exports. OTEL_METRICS_EXEMPLAR_FILTER still wins when set.
-	if os.Getenv("OTEL_METRICS_EXEMPLAR_FILTER") == "" && !t.tracing {
-		mopts = append(mopts, sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
-	}
-	t.mp = sdkmetric.NewMeterProvider(mopts...)
+	// process exports; OTEL_METRICS_EXEMPLAR_FILTER still wins when set. One
+	// decision for the SDK's instruments and the package's own.
+	filter := exemplarFilterFor(t.tracing)
+	t.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res),
+		sdkmetric.WithExemplarFilter(filter.sdk()))
 	t.meter = t.mp.Meter(ScopeName, metric.WithInstrumentationVersion(opts.ServiceVersion))
 
-	if err := t.inst.init(t.meter, reg, t.tracing); err != nil {
+	if err := t.inst.init(t.meter, reg, filter); err != nil {
 		_ = t.Shutdown(ctx)
 		return nil, err
 	}

@@ -1,8 +1,10 @@
 package telemetry
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -47,9 +49,28 @@ func newTel(t *testing.T, opts Options) *Telemetry {
 // scrape GETs /metrics from Handler over HTTP and parses the text exposition.
 func scrape(t *testing.T, tel *Telemetry) map[string]*dto.MetricFamily {
 	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(metricsBody(t, tel, "")))
+	if err != nil {
+		t.Fatalf("parse exposition: %v", err)
+	}
+	return fams
+}
+
+// metricsBody GETs /metrics from Handler over HTTP with accept as its Accept header ("":
+// none, the text format).
+func metricsBody(t *testing.T, tel *Telemetry, accept string) []byte {
+	t.Helper()
 	srv := httptest.NewServer(tel.Handler())
 	defer srv.Close()
-	resp, err := http.Get(srv.URL + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("scrape: %v", err)
 	}
@@ -57,12 +78,11 @@ func scrape(t *testing.T, tel *Telemetry) map[string]*dto.MetricFamily {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("scrape: status %d", resp.StatusCode)
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		t.Fatalf("parse exposition: %v", err)
+		t.Fatalf("scrape: %v", err)
 	}
-	return fams
+	return b
 }
 
 func labelNames(m *dto.Metric) []string {
