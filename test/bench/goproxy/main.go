@@ -2,7 +2,10 @@
 // proxy (net/http's server and httputil.ReverseProxy over net/http's Transport: no policy,
 // no telemetry), and optionally Sluice with net/http's server and client
 // (http_server: net/http, clusters[].http_client: net/http): what Go's own machinery costs
-// on this machine, beside what the gateway costs with every default policy on. Each proxy is
+// on this machine, beside what the gateway costs with every default policy on. Two more bare
+// proxies (bare.go) split the gateway's cost: Sluice's own server and upstream client with a
+// handler that only forwards (the machinery without the gateway's work), and valyala/fasthttp's
+// server and client (the machinery issue 18 names as the alternative). Each proxy is
 // its own process in front of `sluice mock` (zero delay); wrk drives them in alternating
 // rounds and the CPU is utime+stime from /proc, divided by the requests wrk completed.
 //
@@ -31,6 +34,10 @@ import (
 func main() {
 	if len(os.Args) == 4 && os.Args[1] == "serve-reverse-proxy" {
 		serveReverseProxy(os.Args[2], os.Args[3])
+		return
+	}
+	if len(os.Args) == 4 && (os.Args[1] == "serve-own-proxy" || os.Args[1] == "serve-fasthttp-proxy") {
+		serveBare(os.Args[1], os.Args[2], os.Args[3])
 		return
 	}
 	rounds := flag.Int("rounds", 5, "alternating rounds")
@@ -89,7 +96,7 @@ func run(rounds int, dur time.Duration, conns int) error {
 	if err != nil {
 		return err
 	}
-	ports, err := freePorts(6)
+	ports, err := freePorts(8)
 	if err != nil {
 		return err
 	}
@@ -103,7 +110,9 @@ func run(rounds int, dur time.Duration, conns int) error {
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, nethttpConfig, ports[4], ports[5], sim), 0o644); err != nil {
 		return err
 	}
-	ts = append(ts, &target{name: "Sluice on net/http (http_server and http_client: net/http)", addr: ports[4], cmd: exec.Command(bin, "serve", "--config", cfg)})
+	ts = append(ts, &target{name: "Sluice on net/http (http_server and http_client: net/http)", addr: ports[4], cmd: exec.Command(bin, "serve", "--config", cfg)},
+		&target{name: "Sluice's machinery, bare (proxy/http1 server, proxy/upstream client, a handler that only forwards)", addr: ports[6], cmd: exec.Command(self, "serve-own-proxy", "http://"+sim, ports[6])},
+		&target{name: "fasthttp, bare (fasthttp.Server, fasthttp.HostClient)", addr: ports[7], cmd: exec.Command(self, "serve-fasthttp-proxy", "http://"+sim, ports[7])})
 	for _, t := range ts {
 		procs = append(procs, t.cmd)
 	}
