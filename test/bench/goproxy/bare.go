@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,16 +63,17 @@ func ownProxy(target string) (h http.Handler, closeFn func(), err error) {
 			Method: r.Method, URL: &url.URL{Scheme: u.Scheme, Host: u.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery},
 			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: make(http.Header, len(r.Header)), Host: u.Host,
 		}).WithContext(r.Context())
-		for k, v := range r.Header {
-			if !hopByHop(k) {
-				out.Header[k] = v
-			}
-		}
+		copyEndToEnd(out.Header, r.Header)
 		if r.ContentLength != 0 {
 			// Read whole, as the gateway reads a body to parse it: the own client takes a
 			// body it can send again (GetBody) and gives any other to net/http's Transport.
-			b, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+			b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 			if err != nil {
+				var tooLarge *http.MaxBytesError
+				if errors.As(err, &tooLarge) {
+					http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+					return
+				}
 				http.Error(w, "reading the body: "+err.Error(), http.StatusBadRequest)
 				return
 			}
@@ -82,11 +86,7 @@ func ownProxy(target string) (h http.Handler, closeFn func(), err error) {
 			return
 		}
 		defer resp.Body.Close()
-		for k, v := range resp.Header {
-			if !hopByHop(k) {
-				w.Header()[k] = v
-			}
-		}
+		copyEndToEnd(w.Header(), resp.Header)
 		w.WriteHeader(resp.StatusCode)
 		relay(w, resp.Body, resp.ContentLength)
 	})
@@ -94,13 +94,14 @@ func ownProxy(target string) (h http.Handler, closeFn func(), err error) {
 }
 
 // maxBody bounds a request body the bare own proxy reads (the gateway's default
-// max_body_bytes is larger; these requests are 100 bytes).
+// max_body_bytes is larger; goproxy's requests are about 100 bytes).
 const maxBody = 1 << 20
 
 // relay copies an answer to the client: one of known length as the server's buffered writer
 // takes it (written once the handler returns, as the gateway writes a whole answer), any
 // other as it comes, flushed after each read (as the gateway and the reverse proxy with
-// FlushInterval -1 relay a stream).
+// FlushInterval -1 relay a stream). An answer cut short aborts the client's connection, so
+// that the client sees it cut and not complete.
 func relay(w http.ResponseWriter, body io.Reader, length int64) {
 	bp := bufs.Get().(*[]byte)
 	defer bufs.Put(bp)
@@ -116,8 +117,11 @@ func relay(w http.ResponseWriter, body io.Reader, length int64) {
 				f.Flush()
 			}
 		}
-		if err != nil {
+		if errors.Is(err, io.EOF) {
 			return
+		}
+		if err != nil {
+			panic(http.ErrAbortHandler)
 		}
 	}
 }
@@ -155,31 +159,53 @@ func fastProxy(target string) (h fasthttp.RequestHandler, closeFn func(), err er
 	hc := &fasthttp.HostClient{Addr: u.Host, MaxConns: 1024, ReadTimeout: time.Minute, WriteTimeout: time.Minute}
 	return func(ctx *fasthttp.RequestCtx) {
 		req := &ctx.Request
-		for _, k := range hopHeaders {
-			req.Header.Del(k)
+		closing := req.Header.ConnectionClose() // Del("Connection") below forgets it
+		dropHop(req.Header.Peek("Connection"), req.Header.Del)
+		err := hc.Do(req, &ctx.Response)
+		if closing {
+			ctx.SetConnectionClose() // after Do: the answer's headers are the upstream's
 		}
-		if err := hc.Do(req, &ctx.Response); err != nil {
+		if err != nil {
 			ctx.Error("upstream: "+err.Error(), fasthttp.StatusBadGateway)
 			return
 		}
-		for _, k := range hopHeaders {
-			ctx.Response.Header.Del(k)
-		}
+		dropHop(ctx.Response.Header.Peek("Connection"), ctx.Response.Header.Del)
 	}, hc.CloseIdleConnections, nil
 }
 
-// hopHeaders are the hop-by-hop headers (RFC 9110, section 7.6.1) fasthttp leaves in a
-// request or answer (it frames the message itself: Content-Length and Transfer-Encoding are
-// its own).
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Upgrade"}
+// hopHeaders are the hop-by-hop headers a proxy does not forward (RFC 9110, section 7.6.1,
+// and the proxy credentials, as httputil.ReverseProxy drops them). fasthttp writes the
+// framing (Content-Length, Transfer-Encoding) of what it sends itself.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Upgrade"}
 
-// hopByHop reports the headers a proxy does not forward (RFC 9110, section 7.6.1).
-func hopByHop(k string) bool {
-	switch k {
-	case "Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length":
-		return true
+// dropHop deletes the hop-by-hop headers and those the Connection header's value names.
+func dropHop(connection []byte, del func(string)) {
+	for name := range strings.SplitSeq(string(connection), ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			del(name)
+		}
 	}
-	return false
+	for _, k := range hopHeaders {
+		del(k)
+	}
+}
+
+// copyEndToEnd copies the end-to-end headers of src into dst: all but the hop-by-hop ones,
+// those Connection names, and Transfer-Encoding (the server and the client frame what they
+// send; a Content-Length stays, which the own server holds the answer's body to).
+func copyEndToEnd(dst, src http.Header) {
+	named := map[string]bool{}
+	for _, v := range src["Connection"] {
+		for name := range strings.SplitSeq(v, ",") {
+			named[http.CanonicalHeaderKey(strings.TrimSpace(name))] = true
+		}
+	}
+	for k, v := range src {
+		if named[k] || slices.Contains(hopHeaders, k) || k == "Transfer-Encoding" {
+			continue
+		}
+		dst[k] = v
+	}
 }
 
 // serveBare runs one of the bare proxies named on the command line and exits on failure.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,11 +17,14 @@ import (
 
 // seen is what the upstream recorded of one request.
 type seen struct {
-	userAgent, keepAlive, connection, body string
+	userAgent, keepAlive, named, body string
 }
 
-// upstreamServer answers every request with its body, once with a Content-Length and once
-// (?stream) chunked, and records what each request carried.
+// upstreamServer answers every request with its body, with a Content-Length or (?stream)
+// chunked, or (?cut) cut short: 10 bytes short of its Content-Length, or without the last
+// chunk; each answer carries hop-by-hop headers a
+// proxy must drop (Keep-Alive, and X-Up named by Connection). It records what each request
+// carried.
 func upstreamServer(t *testing.T) (*httptest.Server, func() []seen) {
 	t.Helper()
 	var mu sync.Mutex
@@ -28,13 +32,28 @@ func upstreamServer(t *testing.T) (*httptest.Server, func() []seen) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		mu.Lock()
-		got = append(got, seen{r.UserAgent(), r.Header.Get("Keep-Alive"), r.Header.Get("Connection"), string(b)})
+		got = append(got, seen{r.UserAgent(), r.Header.Get("Keep-Alive"), r.Header.Get("X-Hop"), string(b)})
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
-		if r.URL.Query().Has("stream") {
+		w.Header().Set("Keep-Alive", "timeout=9")
+		w.Header().Set("Connection", "X-Up")
+		w.Header().Set("X-Up", "1")
+		answer := `{"echo":` + string(b) + `}`
+		switch q := r.URL.Query(); {
+		case q.Has("cut") && q.Has("stream"):
+			w.(http.Flusher).Flush()
+			_, _ = w.Write([]byte(answer))
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // no last chunk
+		case q.Has("stream"):
 			w.(http.Flusher).Flush() // no Content-Length: chunked
+		case q.Has("cut"):
+			w.Header().Set("Content-Length", strconv.Itoa(len(answer)+10))
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte(answer))
+			panic(http.ErrAbortHandler) // the connection closes 10 bytes short
 		}
-		_, _ = w.Write([]byte(`{"echo":` + string(b) + `}`))
+		_, _ = w.Write([]byte(answer))
 	}))
 	t.Cleanup(srv.Close)
 	return srv, func() []seen {
@@ -44,9 +63,10 @@ func upstreamServer(t *testing.T) (*httptest.Server, func() []seen) {
 	}
 }
 
-// post sends body to url with a hop-by-hop header a proxy must drop and no User-Agent, and
-// returns the status and the answer's body.
-func post(t *testing.T, c *http.Client, url, body string) (int, string) {
+// post sends body to url with hop-by-hop headers a proxy must drop (Keep-Alive, and X-Hop
+// named by Connection) and no User-Agent, and returns the answer, its body read whole (err:
+// the reading's failure).
+func post(t *testing.T, c *http.Client, url, body string) (resp *http.Response, got string, err error) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
@@ -54,17 +74,16 @@ func post(t *testing.T, c *http.Client, url, body string) (int, string) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Keep-Alive", "timeout=5")
+	req.Header.Set("Connection", "X-Hop")
+	req.Header.Set("X-Hop", "1")
 	req.Header.Set("User-Agent", "") // none: the upstream sees the forwarding client's own
-	resp, err := c.Do(req)
+	resp, err = c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return resp, string(b), err
 }
 
 func listen(t *testing.T) net.Listener {
@@ -145,18 +164,43 @@ func TestBareProxies(t *testing.T) {
 			base := "http://" + ln.Addr().String() + "/v1/chat/completions"
 			for i, path := range []string{base, base, base + "?stream"} {
 				body := `{"model":"m","n":` + string(rune('0'+i)) + `}`
-				status, got := post(t, c, path, body)
-				if status != http.StatusOK || got != `{"echo":`+body+`}` {
-					t.Errorf("request %d: %d %q, want 200 with the echo of %q", i, status, got, body)
+				resp, got, err := post(t, c, path, body)
+				if err != nil || resp.StatusCode != http.StatusOK || got != `{"echo":`+body+`}` {
+					t.Errorf("request %d: %d %q (%v), want 200 with the echo of %q", i, resp.StatusCode, got, err, body)
+				}
+				if ka, up := resp.Header.Get("Keep-Alive"), resp.Header.Get("X-Up"); ka != "" || up != "" {
+					t.Errorf("request %d: the answer's hop-by-hop headers came through: Keep-Alive %q, X-Up %q", i, ka, up)
+				}
+			}
+			// A client that says Connection: close gets the answer and a closed connection.
+			req, err := http.NewRequest(http.MethodPost, base, strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Close = true
+			req.Header.Set("User-Agent", "")
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !resp.Close {
+				t.Errorf("Connection: close: status %d, answer closes the connection %v; want 200, true", resp.StatusCode, resp.Close)
+			}
+			// An answer the upstream cut short must reach the client cut, not complete.
+			for _, q := range []string{"?cut", "?cut&stream"} {
+				if resp, got, err := post(t, c, base+q, `{}`); err == nil && resp.StatusCode == http.StatusOK {
+					t.Errorf("%s: a cut answer came through whole: %q", q, got)
 				}
 			}
 			got := requests()
-			if len(got) != 3 {
-				t.Fatalf("upstream saw %d requests, want 3", len(got))
+			if len(got) != 6 {
+				t.Fatalf("upstream saw %d requests, want 6", len(got))
 			}
 			for i, r := range got {
-				if r.keepAlive != "" || strings.EqualFold(r.connection, "keep-alive") {
-					t.Errorf("request %d: hop-by-hop headers forwarded: Keep-Alive %q, Connection %q", i, r.keepAlive, r.connection)
+				if r.keepAlive != "" || r.named != "" {
+					t.Errorf("request %d: hop-by-hop headers forwarded: Keep-Alive %q, X-Hop %q", i, r.keepAlive, r.named)
 				}
 				if r.userAgent != tc.userAgent {
 					t.Errorf("request %d: upstream saw User-Agent %q, want %q", i, r.userAgent, tc.userAgent)
@@ -171,5 +215,24 @@ func TestFastProxyRefusesOtherTargets(t *testing.T) {
 		if _, _, err := fastProxy(target); err == nil {
 			t.Errorf("fastProxy(%q): no error", target)
 		}
+	}
+}
+
+// A body over the own proxy's bound is refused whole (413), not sent cut.
+func TestOwnProxyRefusesLargeBodies(t *testing.T) {
+	up, requests := upstreamServer(t)
+	h, closeFn, err := ownProxy(up.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(strings.Repeat("x", maxBody+1)))
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("status %d, want 413", rec.Code)
+	}
+	if n := len(requests()); n != 0 {
+		t.Errorf("the upstream saw %d requests, want none", n)
 	}
 }

@@ -10,6 +10,9 @@
 // rounds and the CPU is utime+stime from /proc, divided by the requests wrk completed.
 //
 //	go run ./test/bench/goproxy [--rounds 5] [--duration 3s] [--connections 16]
+//	go run ./test/bench/goproxy serve-reverse-proxy|serve-own-proxy|serve-fasthttp-proxy http://UPSTREAM LISTEN
+//
+// The second form runs one bare proxy alone, for other loads.
 package main
 
 import (
