@@ -17,6 +17,7 @@ import (
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/alarm"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
@@ -379,7 +380,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		Header:     make(http.Header, len(r.Header)+4),
 		Host:       u.Host,
 	}).WithContext(ctx)
-	copyHeaders(out.Header, r.Header)
+	httphead.CopyEndToEnd(out.Header, r.Header)
 	out.Header.Del("Content-Length")
 	for _, k := range neverForwarded {
 		delete(out.Header, k)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
+	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/shadow"
 )
 
@@ -266,7 +267,7 @@ func writeFailed(err error) *policy.Failure {
 // Sluice's own.
 func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	h := ex.w.Header()
-	copyHeaders(h, upstream)
+	httphead.CopyEndToEnd(h, upstream)
 	dropCORS(h) // the model server's; only Sluice's own allowance stands
 	if ex.corsOrigin != "" {
 		setCORS(h, ex.corsOrigin)
@@ -384,49 +385,6 @@ func (r *result) retryAfter() time.Duration {
 
 // failed is the result of a request that failed before any attempt.
 func failed(f *policy.Failure) result { return result{fail: f, status: f.Status} }
-
-// hopHeaders are dropped both ways (RFC 9110 §7.6.1), with any named in Connection.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-// copyHeaders copies src into dst without hop-by-hop headers.
-func copyHeaders(dst, src http.Header) {
-	var conn []string
-	if c := src["Connection"]; len(c) > 0 {
-		for _, v := range c {
-			for _, f := range strings.Split(v, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					conn = append(conn, http.CanonicalHeaderKey(f))
-				}
-			}
-		}
-	}
-	// One backing array for every value copied (each header's slice capped at its own end,
-	// so an Add to one never writes into the next): one allocation, not one per header.
-	n := 0
-	for _, vs := range src {
-		n += len(vs)
-	}
-	pool := make([]string, 0, n)
-next:
-	for k, vs := range src {
-		for _, h := range hopHeaders {
-			if k == h {
-				continue next
-			}
-		}
-		for _, h := range conn {
-			if k == h {
-				continue next
-			}
-		}
-		start := len(pool)
-		pool = append(pool, vs...)
-		dst[k] = pool[start:len(pool):len(pool)]
-	}
-}
 
 // idHeader is the request id as a header value, made once per exchange (however the exchange
 // was built: the batcher makes its own).

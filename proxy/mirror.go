@@ -14,6 +14,7 @@ import (
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/shadow"
 )
 
@@ -195,7 +196,7 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 // configured strip list, plus the configured set list.
 func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 	h := make(http.Header, len(src))
-	copyHeaders(h, src)
+	httphead.CopyEndToEnd(h, src)
 	stripCredentials(h) // a sandbox never sees the client's (send adds the cluster's own)
 	h.Del("Content-Length")
 	h.Del("Accept-Encoding")           // the answer is read as the model server wrote it

@@ -20,7 +20,7 @@ import (
 )
 
 // pair is a connected loopback TCP pair.
-func pair(t *testing.T) (client, server *net.TCPConn) {
+func pair(t testing.TB) (client, server *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -384,4 +384,31 @@ func TestIdleAllocatesNothing(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("Idle of a wrapped connection: %v allocations, want none", n)
 	}
+}
+
+// BenchmarkIdleCalls measures the system calls the gateway makes on an idle socket that nginx
+// does not (docs/performance.md): a read that finds nothing (EAGAIN: Go reads before it
+// waits on the poller) and Idle's peek at a pooled connection.
+func BenchmarkIdleCalls(b *testing.B) {
+	client, _ := pair(b)
+	c := Wrap(client).(*Conn)
+	var fd uintptr
+	if err := c.rd.rc.Control(func(f uintptr) { fd = f }); err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	b.Run("read-nothing", func(b *testing.B) {
+		for b.Loop() {
+			if _, e := sysRead(fd, buf); e != syscall.EAGAIN {
+				b.Fatalf("read on an idle socket: %v, want EAGAIN", e)
+			}
+		}
+	})
+	b.Run("peek", func(b *testing.B) {
+		for b.Loop() {
+			if !Idle(c) {
+				b.Fatal("an idle connection is not Idle")
+			}
+		}
+	})
 }

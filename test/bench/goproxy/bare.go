@@ -8,21 +8,27 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicegw/sluice/proxy/http1"
+	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
-// The bare proxies forward every request as it came, minus hop-by-hop headers, and relay the
-// answer; no policy, no parsing of the body, no telemetry. Each is one machinery alone: what
-// a gateway built on it costs before it does anything.
+// The bare proxies forward every request as it came, minus hop-by-hop headers (the gateway's
+// own rule, httphead.CopyEndToEnd), and relay the answer; no policy, no parsing of the body,
+// no telemetry. Each is one machinery alone: what a gateway built on it costs before it does
+// anything.
+
+// bare are the bare proxies by subcommand: each serves listen, forwarding to target.
+var bare = map[string]func(target, listen string) error{
+	"serve-reverse-proxy":  serveReverseProxy,
+	"serve-own-proxy":      serveOwnProxy,
+	"serve-fasthttp-proxy": serveFastProxy,
+}
 
 // serveOwnProxy is Sluice's own machinery, bare: its HTTP/1.1 server (proxy/http1, net/http's
 // server as its fallback) and its upstream client (a proxy/upstream cluster's transport: the
@@ -63,7 +69,7 @@ func ownProxy(target string) (h http.Handler, closeFn func(), err error) {
 			Method: r.Method, URL: &url.URL{Scheme: u.Scheme, Host: u.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery},
 			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: make(http.Header, len(r.Header)), Host: u.Host,
 		}).WithContext(r.Context())
-		copyEndToEnd(out.Header, r.Header)
+		httphead.CopyEndToEnd(out.Header, r.Header)
 		if r.ContentLength != 0 {
 			// Read whole, as the gateway reads a body to parse it: the own client takes a
 			// body it can send again (GetBody) and gives any other to net/http's Transport.
@@ -86,7 +92,7 @@ func ownProxy(target string) (h http.Handler, closeFn func(), err error) {
 			return
 		}
 		defer resp.Body.Close()
-		copyEndToEnd(w.Header(), resp.Header)
+		httphead.CopyEndToEnd(w.Header(), resp.Header)
 		w.WriteHeader(resp.StatusCode)
 		relay(w, resp.Body, resp.ContentLength)
 	})
@@ -158,69 +164,18 @@ func fastProxy(target string) (h fasthttp.RequestHandler, closeFn func(), err er
 	}
 	hc := &fasthttp.HostClient{Addr: u.Host, MaxConns: 1024, ReadTimeout: time.Minute, WriteTimeout: time.Minute}
 	return func(ctx *fasthttp.RequestCtx) {
+		// The server keeps a client's Connection: close from before the handler ran;
+		// deleting the header does not undo it (TestBareProxies holds that).
 		req := &ctx.Request
-		closing := req.Header.ConnectionClose() // Del("Connection") below forgets it
-		dropHop(req.Header.Peek("Connection"), req.Header.Del)
-		err := hc.Do(req, &ctx.Response)
-		if closing {
-			ctx.SetConnectionClose() // after Do: the answer's headers are the upstream's
+		for _, k := range httphead.HopByHop(string(req.Header.Peek("Connection"))) {
+			req.Header.Del(k)
 		}
-		if err != nil {
+		if err := hc.Do(req, &ctx.Response); err != nil {
 			ctx.Error("upstream: "+err.Error(), fasthttp.StatusBadGateway)
 			return
 		}
-		dropHop(ctx.Response.Header.Peek("Connection"), ctx.Response.Header.Del)
+		for _, k := range httphead.HopByHop(string(ctx.Response.Header.Peek("Connection"))) {
+			ctx.Response.Header.Del(k)
+		}
 	}, hc.CloseIdleConnections, nil
-}
-
-// hopHeaders are the hop-by-hop headers a proxy does not forward (RFC 9110, section 7.6.1,
-// and the proxy credentials, as httputil.ReverseProxy drops them). fasthttp writes the
-// framing (Content-Length, Transfer-Encoding) of what it sends itself.
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Upgrade"}
-
-// dropHop deletes the hop-by-hop headers and those the Connection header's value names.
-func dropHop(connection []byte, del func(string)) {
-	for name := range strings.SplitSeq(string(connection), ",") {
-		if name = strings.TrimSpace(name); name != "" {
-			del(name)
-		}
-	}
-	for _, k := range hopHeaders {
-		del(k)
-	}
-}
-
-// copyEndToEnd copies the end-to-end headers of src into dst: all but the hop-by-hop ones,
-// those Connection names, and Transfer-Encoding (the server and the client frame what they
-// send; a Content-Length stays, which the own server holds the answer's body to).
-func copyEndToEnd(dst, src http.Header) {
-	named := map[string]bool{}
-	for _, v := range src["Connection"] {
-		for name := range strings.SplitSeq(v, ",") {
-			named[http.CanonicalHeaderKey(strings.TrimSpace(name))] = true
-		}
-	}
-	for k, v := range src {
-		if named[k] || slices.Contains(hopHeaders, k) || k == "Transfer-Encoding" {
-			continue
-		}
-		dst[k] = v
-	}
-}
-
-// serveBare runs one of the bare proxies named on the command line and exits on failure.
-func serveBare(kind, target, listen string) {
-	var err error
-	switch kind {
-	case "serve-own-proxy":
-		err = serveOwnProxy(target, listen)
-	case "serve-fasthttp-proxy":
-		err = serveFastProxy(target, listen)
-	default:
-		err = fmt.Errorf("unknown proxy %q", kind)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "goproxy:", err)
-		os.Exit(1)
-	}
 }

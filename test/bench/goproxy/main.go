@@ -35,13 +35,14 @@ import (
 )
 
 func main() {
-	if len(os.Args) == 4 && os.Args[1] == "serve-reverse-proxy" {
-		serveReverseProxy(os.Args[2], os.Args[3])
-		return
-	}
-	if len(os.Args) == 4 && (os.Args[1] == "serve-own-proxy" || os.Args[1] == "serve-fasthttp-proxy") {
-		serveBare(os.Args[1], os.Args[2], os.Args[3])
-		return
+	if len(os.Args) == 4 {
+		if serve, ok := bare[os.Args[1]]; ok {
+			if err := serve(os.Args[2], os.Args[3]); err != nil {
+				fmt.Fprintln(os.Stderr, "goproxy:", err)
+				os.Exit(1)
+			}
+			return
+		}
 	}
 	rounds := flag.Int("rounds", 5, "alternating rounds")
 	dur := flag.Duration("duration", 3*time.Second, "one wrk run")
@@ -58,20 +59,16 @@ func main() {
 }
 
 // serveReverseProxy is the bare Go proxy: what a Go gateway costs before it does anything.
-func serveReverseProxy(upstream, listen string) {
+func serveReverseProxy(upstream, listen string) error {
 	u, err := url.Parse(upstream)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return err
 	}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
 	rp.FlushInterval = -1 // relay as it comes, as the gateway does
 	srv := &http.Server{Addr: listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	if err := srv.ListenAndServe(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	return srv.ListenAndServe()
 }
 
 type target struct {

@@ -1,0 +1,61 @@
+package httphead
+
+import (
+	"net/http"
+	"strings"
+)
+
+// hopByHop are the headers a proxy drops both ways (RFC 9110 §7.6.1, and the proxy
+// credentials), with any the Connection header names.
+var hopByHop = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// HopByHop lists the headers a proxy drops from a message whose Connection header has the
+// values connection: the hop-by-hop ones and those the values name (canonical).
+func HopByHop(connection ...string) []string {
+	return append(named(connection), hopByHop...)
+}
+
+// named is the header names listed in Connection header values, canonical.
+func named(connection []string) []string {
+	var out []string
+	for _, v := range connection {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, http.CanonicalHeaderKey(f))
+			}
+		}
+	}
+	return out
+}
+
+// CopyEndToEnd copies src into dst without the hop-by-hop headers (HopByHop of src's
+// Connection), replacing what dst has under the same names.
+func CopyEndToEnd(dst, src http.Header) {
+	conn := named(src["Connection"])
+	// One backing array for every value copied (each header's slice capped at its own end,
+	// so an Add to one never writes into the next): one allocation, not one per header.
+	n := 0
+	for _, vs := range src {
+		n += len(vs)
+	}
+	pool := make([]string, 0, n)
+next:
+	for k, vs := range src {
+		for _, h := range hopByHop {
+			if k == h {
+				continue next
+			}
+		}
+		for _, h := range conn {
+			if k == h {
+				continue next
+			}
+		}
+		start := len(pool)
+		pool = append(pool, vs...)
+		dst[k] = pool[start:len(pool):len(pool)]
+	}
+}
