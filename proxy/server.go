@@ -24,6 +24,7 @@ import (
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/http1"
+	"github.com/sluicegw/sluice/proxy/procs"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
@@ -74,6 +75,7 @@ type Server struct {
 	certs         *certReloader
 	wg            sync.WaitGroup
 	stopWatch     context.CancelFunc
+	releaseProcs  func() // the process's processor Controller, held while serving (procs: adaptive)
 	reloadsFailed atomic.Int64
 	metricsReg    metric.Registration
 	signalsReg    metric.Registration
@@ -481,6 +483,9 @@ func (s *Server) Start() error {
 		defer s.wg.Done()
 		s.memoryLoop(s.baseCtx)
 	}()
+	if c.Procs != "fixed" {
+		s.releaseProcs = procs.Acquire(s.log)
+	}
 	if !s.opts.AwaitConfig || s.applied.Load() {
 		s.ready.Store(true)
 	}
@@ -778,6 +783,9 @@ func (s *Server) shutdown(ctx context.Context) error {
 	_ = s.admin.Shutdown(actx)
 	cancel()
 	s.wg.Wait()
+	if s.releaseProcs != nil {
+		s.releaseProcs()
+	}
 	s.shadow.close()
 	st := s.state.Load()
 	st.close(nil)

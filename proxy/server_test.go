@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/procs"
 )
 
 // countingUpstream counts health checks and metrics scrapes.
@@ -97,5 +98,42 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("not within 5s: %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestServerHoldsTheProcessorController: a started server holds the process's processor
+// controller (procs: adaptive, the default) until it shuts down; procs: fixed holds none.
+func TestServerHoldsTheProcessorController(t *testing.T) {
+	for _, tc := range []struct {
+		procs string
+		held  int
+	}{{"", 1}, {"adaptive", 1}, {"fixed", 0}} {
+		t.Run("procs="+tc.procs, func(t *testing.T) {
+			cfg, err := config.Parse([]byte("listen: 127.0.0.1:0\nadmin: {listen: 127.0.0.1:0}\nprocs: \"" + tc.procs + "\"\n" +
+				"clusters: [{name: main, endpoints: [{url: \"http://127.0.0.1:1\"}], health_check: {disabled: true}}]\n" +
+				"routes: [{name: all, cluster: main}]\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv, err := New(Options{Config: cfg, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := procs.Held()
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if got := procs.Held() - before; got != tc.held {
+				t.Errorf("a started server holds %d controllers, want %d", got, tc.held)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := procs.Held(); got != before {
+				t.Errorf("%d holders after shutdown, want %d", got, before)
+			}
+		})
 	}
 }

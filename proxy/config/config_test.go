@@ -58,6 +58,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	t.Setenv("SLUICE_TEST_EMPTY", "")
 	bad := `
 listen: "nope"
+procs: auto
 admin: {listen: "0.0.0.0:9090", token_env: SLUICE_TEST_EMPTY, metrics_token_env: SLUICE_TEST_EMPTY, ready_clusters: [nope, b]}
 max_body_bytes: 10
 timeouts: {ttft: -1s}
@@ -83,6 +84,7 @@ routes:
 	}
 	want := []string{
 		`listen: "nope" is not host:port`,
+		`procs: "auto" is not a sizing (adaptive, fixed)`,
 		`admin.listen: "0.0.0.0:9090" is not a loopback address, so a bearer token is required: set SLUICE_TEST_EMPTY`,
 		`max_body_bytes: 10 is too small`,
 		`timeouts.ttft: must not be negative`,

@@ -328,6 +328,11 @@ func (c *Config) checkListeners(add problemf) {
 	default:
 		add("http_server: %q is not a server (sluice, net/http)", c.HTTPServer)
 	}
+	switch c.Procs {
+	case "", "adaptive", "fixed":
+	default:
+		add("procs: %q is not a sizing (adaptive, fixed)", c.Procs)
+	}
 	if err := checkHostPort(c.Admin.Listen); err != nil {
 		add("admin.listen: %v", err)
 	} else if !c.Remote && !IsLoopback(c.Admin.Listen) && os.Getenv(c.Admin.TokenEnv) == "" {

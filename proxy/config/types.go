@@ -32,6 +32,11 @@ type Config struct {
 	// gateway's own HTTP/1.1 server, which hands h2c and unusual requests to net/http's; or
 	// "net/http" for net/http's alone. A TLS listener is always net/http's. Fixed at start.
 	HTTPServer string `yaml:"http_server" json:"http_server,omitempty"`
+	// Procs sizes the Go runtime's processors (GOMAXPROCS): "adaptive" (default), one while
+	// one keeps up and more, up to the runtime's own number, as soon as the load needs them
+	// (proxy/procs); or "fixed", the runtime's own number throughout. The GOMAXPROCS
+	// environment variable, when set, is fixed. Fixed at start.
+	Procs string `yaml:"procs" json:"procs,omitempty"`
 	// MaxBodyBytes bounds a request body; larger requests get 413.
 	MaxBodyBytes ByteSize `yaml:"max_body_bytes" json:"max_body_bytes"`
 	// MaxEventBytes bounds one SSE event relayed from an upstream.

@@ -85,6 +85,14 @@ func TestShadowFleetStore(t *testing.T) {
 		t.Fatalf("the gateways judged the fleet differently:\n gw-a %s\n gw-b %s", va, vb)
 	}
 
+	// The verdicts just given are records too, written behind the answer: wait until both
+	// gateways hold nothing, so that what gw-a holds below is the pairs it serves meanwhile.
+	for _, g := range []*gateway{ga, gb} {
+		eventually(t, 20*time.Second, "the verdicts written to the shared store", func() bool {
+			return metricValue(t, hc, g.admin, "sluice_shadow_store_buffered") == 0
+		})
+	}
+
 	// The database goes away: gw-a serves on and holds its pairs.
 	pg.Stop(t)
 	drive(t, hc, ga, 20, 1, plainChat)

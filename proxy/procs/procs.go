@@ -1,0 +1,262 @@
+// Package procs sizes the Go runtime's processors (GOMAXPROCS) to the gateway's load.
+//
+// With two or more processors the runtime hands a goroutine made ready by the network poller
+// to an idle processor, waking a thread that looks for more work, finds none and sleeps
+// again. At a moderate rate, when one processor would do, that costs the gateway about a
+// tenth of its CPU a request (docs/performance.md: 2,000 req/s, GOMAXPROCS=1 against 2). A
+// Controller keeps one processor while one keeps up and adds processors, up to the runtime's
+// own number, as soon as the load needs them:
+//
+//   - every Every it reads the process's CPU time (getrusage: user and system, every thread)
+//     and divides what it grew by the time that passed: the processors' use in that sample;
+//   - it raises the processors at once when one sample's use exceeds Burst of those there are
+//     (a burst: they are nearly all busy) or the mean of the last Short samples exceeds Up of
+//     them, to enough for that use at Up each, at least one more;
+//   - it lowers them when the mean use over the last Window samples fits in fewer at Down
+//     each (Down below Up: a fewer-processor gateway costs less, and the two must not take
+//     turns), to that fewer.
+//
+// Each change is a stop of the world of a few tens of microseconds, at most one every sample
+// when rising and one every Window when falling.
+//
+// GOMAXPROCS is the whole process's: one Controller runs for the process while at least one
+// owner holds it (Acquire), and the last release puts the processors back where they were.
+// The ceiling is the runtime's default, read again each time the processors rise (it follows
+// the CPU limit of the container and the CPU affinity, as the runtime does). An operator who
+// sets the GOMAXPROCS environment variable has chosen: no Controller runs.
+package procs
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Params are a Controller's thresholds.
+type Params struct {
+	Every  time.Duration // between two samples
+	Burst  float64       // raise when one sample's use exceeds Burst × processors
+	Up     float64       // raise when the Short samples' mean exceeds Up × processors
+	Down   float64       // lower when the Window samples' mean fits in fewer at Down each
+	Short  int           // samples in the short mean
+	Window int           // samples in the long mean; also the least between two changes down
+}
+
+// Defaults are the gateway's thresholds: a burst is noticed within 50 ms, a falling load
+// after 2 s; one processor is kept up to 60% busy and is gone back to below 50% on two.
+var Defaults = Params{Every: 50 * time.Millisecond, Burst: 0.9, Up: 0.6, Down: 0.5, Short: 4, Window: 40}
+
+// Decider turns the samples of use into the processors to run with. It is the Controller's
+// arithmetic, without clocks or the runtime.
+type Decider struct {
+	p       Params
+	procs   int
+	ceiling int
+	ring    []float64 // the last Window samples since the last change, oldest overwritten
+	n       int       // samples in ring
+	next    int       // where the next sample goes
+}
+
+// NewDecider starts at procs processors with ceiling as the most.
+func NewDecider(p Params, procs, ceiling int) *Decider {
+	return &Decider{p: p, procs: max(1, min(procs, ceiling)), ceiling: max(1, ceiling), ring: make([]float64, max(1, p.Window))}
+}
+
+// Procs is the processors the Decider holds now.
+func (d *Decider) Procs() int { return d.procs }
+
+// SetCeiling changes the most processors (the runtime's default moved); the processors
+// held fall to it when above.
+func (d *Decider) SetCeiling(c int) {
+	d.ceiling = max(1, c)
+	if d.procs > d.ceiling {
+		d.procs = d.ceiling
+		d.reset()
+	}
+}
+
+// Observe takes one sample's use (CPUs busy on average over the sample) and returns the
+// processors to run with, and whether they changed.
+func (d *Decider) Observe(use float64) (procs int, changed bool) {
+	if math.IsNaN(use) || use < 0 {
+		use = 0
+	}
+	d.ring[d.next] = use
+	d.next = (d.next + 1) % len(d.ring)
+	d.n = min(d.n+1, len(d.ring))
+	p := float64(d.procs)
+	if d.procs < d.ceiling && (use > d.p.Burst*p || d.mean(d.p.Short) > d.p.Up*p) {
+		want := int(math.Ceil(max(use, d.mean(d.p.Short)) / d.p.Up))
+		return d.set(min(d.ceiling, max(d.procs+1, want)))
+	}
+	if d.procs > 1 && d.n == len(d.ring) {
+		if want := max(1, int(math.Ceil(d.mean(len(d.ring))/d.p.Down))); want < d.procs {
+			return d.set(want)
+		}
+	}
+	return d.procs, false
+}
+
+// mean is the mean of the last k samples (all there are when fewer).
+func (d *Decider) mean(k int) float64 {
+	k = min(max(k, 1), d.n)
+	if k == 0 {
+		return 0
+	}
+	var sum float64
+	for i := 1; i <= k; i++ {
+		sum += d.ring[(d.next-i+len(d.ring))%len(d.ring)]
+	}
+	return sum / float64(k)
+}
+
+func (d *Decider) set(n int) (int, bool) {
+	d.procs = n
+	d.reset()
+	return n, true
+}
+
+// reset forgets the samples taken with the processors before a change.
+func (d *Decider) reset() {
+	d.n, d.next = 0, 0
+}
+
+// runtimeProcs is what a Controller changes: the runtime's processors, and its default.
+type runtimeProcs interface {
+	Current() int
+	// Default is the runtime's own number (the container's CPU limit, the affinity); it may
+	// set the processors to it.
+	Default() int
+	Set(n int)
+}
+
+type goRuntime struct{}
+
+func (goRuntime) Current() int { return runtime.GOMAXPROCS(0) }
+
+func (goRuntime) Default() int {
+	runtime.SetDefaultGOMAXPROCS()
+	return runtime.GOMAXPROCS(0)
+}
+
+func (goRuntime) Set(n int) {
+	if runtime.GOMAXPROCS(0) != n {
+		runtime.GOMAXPROCS(n)
+	}
+}
+
+// Controller samples the process's CPU use and sizes the processors until its context ends.
+type Controller struct {
+	p   Params
+	rt  runtimeProcs
+	cpu func() (time.Duration, bool) // the process's CPU time so far
+	log *slog.Logger
+}
+
+// run samples until ctx ends, starting at (and finally restoring) start processors.
+func (c *Controller) run(ctx context.Context, start int) {
+	d := NewDecider(c.p, start, start)
+	defer c.rt.Set(start)
+	t := time.NewTicker(c.p.Every)
+	defer t.Stop()
+	last, ok := c.cpu()
+	if !ok {
+		return
+	}
+	lastAt := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			cpu, ok := c.cpu()
+			now := time.Now() // not the tick's: a busy process reads late
+			wall := now.Sub(lastAt)
+			if !ok || wall <= 0 {
+				continue
+			}
+			use := float64(cpu-last) / float64(wall)
+			last, lastAt = cpu, now
+			before := d.Procs()
+			n, changed := d.Observe(use)
+			if !changed {
+				continue
+			}
+			if n > before {
+				// Rising: the runtime's ceiling may have moved (a resized container).
+				d.SetCeiling(c.rt.Default())
+			}
+			c.rt.Set(d.Procs())
+			c.log.Debug("processors resized to the load", "gomaxprocs", d.Procs(), "was", before,
+				"cpu_use", math.Round(use*100)/100)
+		}
+	}
+}
+
+var (
+	mu      sync.Mutex
+	holders int
+	stop    context.CancelFunc
+	done    chan struct{}
+)
+
+// Held is how many owners hold the process's Controller (whether or not one runs).
+func Held() int {
+	mu.Lock()
+	defer mu.Unlock()
+	return holders
+}
+
+// Running is whether the process's Controller runs.
+func Running() bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return stop != nil
+}
+
+// Acquire starts the process's Controller unless it runs (or the GOMAXPROCS environment
+// variable is set, or the runtime has one processor, or the process's CPU time cannot be
+// read); release stops it when the last holder releases, putting the processors back.
+// release must be called once.
+func Acquire(log *slog.Logger) (release func()) {
+	return acquire(log, Defaults, goRuntime{}, processCPU, os.Getenv("GOMAXPROCS") != "")
+}
+
+func acquire(log *slog.Logger, p Params, rt runtimeProcs, cpu func() (time.Duration, bool), fixed bool) func() {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	holders++
+	if holders == 1 && !fixed {
+		if _, ok := cpu(); ok {
+			if start := rt.Current(); start > 1 {
+				ctx, cancel := context.WithCancel(context.Background())
+				stop, done = cancel, make(chan struct{})
+				c := &Controller{p: p, rt: rt, cpu: cpu, log: log}
+				go func(done chan struct{}) {
+					defer close(done)
+					c.run(ctx, start)
+				}(done)
+			}
+		}
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			mu.Lock()
+			defer mu.Unlock()
+			holders--
+			if holders == 0 && stop != nil {
+				stop()
+				<-done
+				stop, done = nil, nil
+			}
+		})
+	}
+}

@@ -1,0 +1,227 @@
+package procs
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// steps is a run of n samples of one use.
+type steps struct {
+	use float64
+	n   int
+}
+
+func TestDecider(t *testing.T) {
+	p := Params{Every: time.Millisecond, Burst: 0.9, Up: 0.6, Down: 0.5, Short: 4, Window: 40}
+	for _, tc := range []struct {
+		name           string
+		start, ceiling int
+		run            []steps
+		want           []int // the processors after each run of steps
+		changes        int
+	}{
+		{"idle two fall to one after a window", 2, 2, []steps{{0.05, 39}, {0.05, 1}}, []int{2, 1}, 1},
+		{"a moderate load stays on one: no taking turns", 2, 2,
+			[]steps{{0.46, 40}, {0.40, 400}}, []int{1, 1}, 1},
+		{"a burst on one rises at once", 2, 2, []steps{{0.1, 40}, {0.95, 1}}, []int{1, 2}, 2},
+		{"a sustained 65% on one rises within the short mean", 1, 2,
+			[]steps{{0.4, 10}, {0.65, 3}, {0.65, 1}}, []int{1, 1, 2}, 1},
+		{"two busy above the fall threshold stay two", 2, 2, []steps{{0.55, 400}}, []int{2}, 0},
+		{"a dip of a quarter window does not fall", 2, 2,
+			[]steps{{0.8, 30}, {0.1, 10}, {0.8, 30}}, []int{2, 2, 2}, 0},
+		{"saturation doubles toward the ceiling", 1, 8,
+			[]steps{{1.0, 1}, {2.0, 1}, {4.0, 1}, {7.9, 1}}, []int{2, 4, 7, 8}, 4},
+		{"the fall goes to what the mean needs", 8, 8, []steps{{1.2, 40}}, []int{3}, 1},
+		{"nothing above the ceiling", 2, 2, []steps{{5, 10}}, []int{2}, 0},
+		{"nothing below one", 1, 2, []steps{{0, 400}}, []int{1}, 0},
+		{"NaN and negative uses read as idle", 2, 2, []steps{{math.NaN(), 20}, {-3, 20}}, []int{2, 1}, 1},
+		{"a start above the ceiling is the ceiling", 4, 2, []steps{{1.5, 1}}, []int{2}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDecider(p, tc.start, tc.ceiling)
+			changes := 0
+			for i, st := range tc.run {
+				for range st.n {
+					if _, ch := d.Observe(st.use); ch {
+						changes++
+					}
+				}
+				if d.Procs() != tc.want[i] {
+					t.Fatalf("after step %d (%v × %d): %d processors, want %d", i, st.use, st.n, d.Procs(), tc.want[i])
+				}
+			}
+			if changes != tc.changes {
+				t.Fatalf("%d changes, want %d", changes, tc.changes)
+			}
+		})
+	}
+}
+
+func TestDeciderCeilingFalls(t *testing.T) {
+	d := NewDecider(Defaults, 4, 4)
+	d.SetCeiling(2)
+	if d.Procs() != 2 {
+		t.Fatalf("%d processors under a ceiling of 2", d.Procs())
+	}
+	if _, ch := d.Observe(1.9); ch || d.Procs() != 2 {
+		t.Fatalf("rose past the ceiling: %d", d.Procs())
+	}
+	d.SetCeiling(0)
+	if d.Procs() != 1 {
+		t.Fatalf("a ceiling of 0 is one processor, got %d", d.Procs())
+	}
+}
+
+// fakeRuntime records the processors a Controller sets; cpu is a clock of CPU time that runs
+// at load CPUs (capped at the processors set) of wall time.
+type fakeRuntime struct {
+	mu       sync.Mutex
+	procs    int
+	ceiling  int
+	sets     []int
+	defaults int
+	load     float64
+	cpu      time.Duration
+	at       time.Time
+}
+
+func (f *fakeRuntime) Current() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.procs
+}
+
+func (f *fakeRuntime) Default() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.defaults++
+	f.procs = f.ceiling
+	return f.ceiling
+}
+
+func (f *fakeRuntime) Set(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.procs = n
+	f.sets = append(f.sets, n)
+}
+
+func (f *fakeRuntime) setLoad(l float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.load = l
+}
+
+func (f *fakeRuntime) clock() (time.Duration, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if !f.at.IsZero() {
+		f.cpu += time.Duration(float64(now.Sub(f.at)) * min(f.load, float64(f.procs)))
+	}
+	f.at = now
+	return f.cpu, true
+}
+
+// waitProcs waits (bounded) until the fake runtime runs n processors.
+func waitProcs(t *testing.T, f *fakeRuntime, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Current() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("processors %d after 5 s, want %d (set: %v)", f.Current(), n, f.sets)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestControllerFollowsTheLoad(t *testing.T) {
+	f := &fakeRuntime{procs: 2, ceiling: 2}
+	p := Params{Every: 2 * time.Millisecond, Burst: 0.9, Up: 0.6, Down: 0.5, Short: 2, Window: 5}
+	release := acquire(nil, p, f, f.clock, false)
+	if !Running() || Held() != 1 {
+		t.Fatalf("running %v, held %d after one acquire", Running(), Held())
+	}
+	waitProcs(t, f, 1) // idle: one processor
+	f.setLoad(1.8)     // the load saturates one
+	waitProcs(t, f, 2)
+	f.mu.Lock()
+	defaults := f.defaults
+	f.mu.Unlock()
+	if defaults == 0 {
+		t.Fatal("rose without reading the runtime's ceiling again")
+	}
+	f.setLoad(0)
+	waitProcs(t, f, 1)
+	release()
+	release() // a second call does nothing
+	if Running() || Held() != 0 {
+		t.Fatalf("running %v, held %d after release", Running(), Held())
+	}
+	if f.Current() != 2 {
+		t.Fatalf("processors %d after the last release, want the 2 it started with", f.Current())
+	}
+}
+
+func TestAcquireHolders(t *testing.T) {
+	f := &fakeRuntime{procs: 2, ceiling: 2}
+	a := acquire(nil, Defaults, f, f.clock, false)
+	b := acquire(nil, Defaults, f, f.clock, false)
+	if !Running() || Held() != 2 {
+		t.Fatalf("running %v, held %d after two acquires", Running(), Held())
+	}
+	a()
+	if !Running() {
+		t.Fatal("stopped with a holder left")
+	}
+	b()
+	if Running() {
+		t.Fatal("still running after the last release")
+	}
+}
+
+func TestAcquireDoesNotRun(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		procs int
+		cpu   func() (time.Duration, bool)
+		fixed bool
+	}{
+		{"GOMAXPROCS set by the operator", 2, func() (time.Duration, bool) { return 0, true }, true},
+		{"one processor", 1, func() (time.Duration, bool) { return 0, true }, false},
+		{"no CPU time on this system", 2, func() (time.Duration, bool) { return 0, false }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeRuntime{procs: tc.procs, ceiling: tc.procs}
+			release := acquire(nil, Defaults, f, tc.cpu, tc.fixed)
+			if Running() || Held() != 1 {
+				t.Fatalf("running %v, held %d", Running(), Held())
+			}
+			release()
+			if len(f.sets) != 0 || Held() != 0 {
+				t.Fatalf("processors set %v, held %d", f.sets, Held())
+			}
+		})
+	}
+}
+
+func TestProcessCPU(t *testing.T) {
+	before, ok := processCPU()
+	if !ok {
+		t.Skip("no CPU time on this system")
+	}
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for x := 0; time.Now().Before(deadline); x++ {
+		_ = x * x
+	}
+	after, _ := processCPU()
+	if after-before < 10*time.Millisecond {
+		t.Fatalf("50 ms of spinning read as %v of CPU time", after-before)
+	}
+}
