@@ -20,6 +20,7 @@ import (
 	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/admin"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/procs"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 )
 
@@ -43,6 +44,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st.cors.preflight(w, r) // Sluice's answer, never a model server's
 		return
 	}
+	procs.Begin() // a burst on one processor gets its processors within milliseconds
+	defer procs.End()
 	ex := newExchange(w, r, c.Timeouts.Write.D())
 	defer ex.release(&h.srv.buffers)
 	if d := c.Timeouts.Body.D(); d > 0 && r.Body != nil && r.Body != http.NoBody {

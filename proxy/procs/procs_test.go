@@ -225,3 +225,46 @@ func TestProcessCPU(t *testing.T) {
 		t.Fatalf("50 ms of spinning read as %v of CPU time", after-before)
 	}
 }
+
+// TestBurstProbe: on one processor with regular samples far apart, requests piling up
+// (Begin) make the Controller take a short sample at once and rise within it.
+func TestBurstProbe(t *testing.T) {
+	f := &fakeRuntime{procs: 2, ceiling: 2}
+	p := Params{Every: 2 * time.Millisecond, Idle: time.Hour, Probe: 2 * time.Millisecond,
+		Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 3}
+	release := acquire(nil, p, f, f.clock, false)
+	defer release()
+	waitProcs(t, f, 1) // idle: one processor, then a sample an hour away
+	time.Sleep(20 * time.Millisecond)
+	f.setLoad(1.5)
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Current() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("processors %d 5 s into a burst of requests (set: %v)", f.Current(), f.sets)
+		}
+		for range kickEvery {
+			Begin()
+		}
+		for range kickEvery {
+			End()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := inflight.Load(); n != 0 {
+		t.Fatalf("%d requests in flight after as many Ends as Begins", n)
+	}
+}
+
+// TestBeginWithoutController: Begin and End keep their count with no Controller and never
+// block, whatever the count.
+func TestBeginWithoutController(t *testing.T) {
+	for range 10 * kickEvery {
+		Begin()
+	}
+	for range 10 * kickEvery {
+		End()
+	}
+	if n := inflight.Load(); n != 0 {
+		t.Fatalf("%d in flight", n)
+	}
+}
