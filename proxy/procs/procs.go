@@ -18,13 +18,15 @@
 //     each (Down below Up: a fewer-processor gateway costs less, and the two must not take
 //     turns), to that fewer.
 //
-// Each change is a stop of the world of a few tens of microseconds, at most one every sample
-// when rising and one every Window when falling.
+// Each change is a stop of the world of a few tens of microseconds (a rise at most two: the
+// runtime's default is read again by setting it), at most one change every sample when rising
+// and one every Window when falling.
 //
 // GOMAXPROCS is the whole process's: one Controller runs for the process while at least one
 // owner holds it (Acquire), and the last release puts the processors back where they were.
 // The ceiling is the runtime's default, read again each time the processors rise (it follows
-// the CPU limit of the container and the CPU affinity, as the runtime does). An operator who
+// the CPU limit of the container and the CPU affinity, as the runtime does), and the last
+// release hands the sizing back to the runtime's own. An operator who
 // sets the GOMAXPROCS environment variable has chosen: no Controller runs.
 package procs
 
@@ -51,11 +53,12 @@ type Params struct {
 	Window int           // samples in the long mean; also the least between two changes down
 }
 
-// Defaults are the gateway's thresholds: a burst is noticed within 50 ms, a falling load
-// after 2 s; one processor is kept while it is at most 40% busy (so that a request seldom
-// waits for another's: at 60% a first version kept one processor at 5,000 req/s and its p99
-// grew from 5–13 to 16–156 ms, docs/performance.md), and is gone back to when two are below
-// a third busy each.
+// Defaults are the gateway's thresholds: a burst is noticed at the next sample (50 ms; 250
+// ms from idle, or 5 ms once 16 requests are in flight), a falling load after 40 samples;
+// one processor is kept while it is at most 40% busy (so that a request seldom waits for
+// another's: at 60% a first version kept one processor at 5,000 req/s and its p99 grew from
+// 5–13 to 16–156 ms, docs/performance.md), and is gone back to when two together are at
+// most a third busy.
 var Defaults = Params{Every: 50 * time.Millisecond, Idle: 250 * time.Millisecond, Probe: 5 * time.Millisecond, Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 40}
 
 // Decider turns the samples of use into the processors to run with. It is the Controller's
@@ -97,7 +100,9 @@ func (d *Decider) Observe(use float64) (procs int, changed bool) {
 	d.next = (d.next + 1) % len(d.ring)
 	d.n = min(d.n+1, len(d.ring))
 	p := float64(d.procs)
-	if d.procs < d.ceiling && (use > d.p.Burst*p || d.mean(d.p.Short) > d.p.Up*p) {
+	// The short mean only once it has its samples: one sample alone rises only as a burst, so
+	// that a load near the fall threshold does not take turns.
+	if d.procs < d.ceiling && (use > d.p.Burst*p || (d.n >= d.p.Short && d.mean(d.p.Short) > d.p.Up*p)) {
 		want := int(math.Ceil(max(use, d.mean(d.p.Short)) / d.p.Up))
 		return d.set(min(d.ceiling, max(d.procs+1, want)))
 	}
@@ -151,11 +156,9 @@ func (goRuntime) Default() int {
 	return runtime.GOMAXPROCS(0)
 }
 
-func (goRuntime) Set(n int) {
-	if runtime.GOMAXPROCS(0) != n {
-		runtime.GOMAXPROCS(n)
-	}
-}
+// Set sets n processors, and takes the sizing back from the runtime's own (after Default):
+// unchanged, it stops nothing.
+func (goRuntime) Set(n int) { runtime.GOMAXPROCS(n) }
 
 // Controller samples the process's CPU use and sizes the processors until its context ends.
 type Controller struct {
@@ -165,10 +168,11 @@ type Controller struct {
 	log *slog.Logger
 }
 
-// run samples until ctx ends, starting at (and finally restoring) start processors.
+// run samples until ctx ends, starting at start processors; at the end the runtime sizes
+// them again.
 func (c *Controller) run(ctx context.Context, start int) {
 	d := NewDecider(c.p, start, start)
-	defer c.rt.Set(start)
+	defer c.rt.Default()
 	t := time.NewTimer(c.p.Every)
 	defer t.Stop()
 	last, ok := c.cpu()
@@ -226,7 +230,10 @@ func (c *Controller) run(ctx context.Context, start int) {
 				// Rising: the runtime's ceiling may have moved (a resized container).
 				d.SetCeiling(c.rt.Default())
 			}
-			c.rt.Set(d.Procs())
+			c.rt.Set(d.Procs()) // also after Default: the sizing is the Controller's again
+			if d.Procs() == before {
+				continue // the ceiling fell to where it was
+			}
 			single.Store(d.Procs() == 1)
 			c.log.Debug("processors resized to the load", "gomaxprocs", d.Procs(), "was", before,
 				"cpu_use", math.Round(use*100)/100)
@@ -283,8 +290,8 @@ func Running() bool {
 
 // Acquire starts the process's Controller unless it runs (or the GOMAXPROCS environment
 // variable is set, or the runtime has one processor, or the process's CPU time cannot be
-// read); release stops it when the last holder releases, putting the processors back.
-// release must be called once.
+// read); release stops it when the last holder releases, handing the sizing back to the
+// runtime. Later calls of a release do nothing.
 func Acquire(log *slog.Logger) (release func()) {
 	return acquire(log, Defaults, goRuntime{}, processCPU, os.Getenv("GOMAXPROCS") != "")
 }

@@ -42,6 +42,10 @@ func TestDecider(t *testing.T) {
 		{"nothing below one", 1, 2, []steps{{0, 400}}, []int{1}, 0},
 		{"NaN and negative uses read as idle", 2, 2, []steps{{math.NaN(), 20}, {-3, 20}}, []int{2, 1}, 1},
 		{"a start above the ceiling is the ceiling", 4, 2, []steps{{1.5, 1}}, []int{2}, 0},
+		{"a noisy load near the fall threshold does not take turns", 2, 2,
+			[]steps{{0.3, 40}, {0.65, 1}, {0.25, 1}, {0.65, 1}, {0.25, 1}}, []int{1, 1, 1, 1, 1}, 1},
+		{"the short mean over a wrapped ring", 2, 2,
+			[]steps{{0.1, 40}, {0.1, 45}, {0.65, 3}, {0.65, 1}}, []int{1, 1, 1, 2}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDecider(p, tc.start, tc.ceiling)
@@ -112,6 +116,12 @@ func (f *fakeRuntime) Set(n int) {
 	f.sets = append(f.sets, n)
 }
 
+func (f *fakeRuntime) setsSoFar() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.sets...)
+}
+
 func (f *fakeRuntime) setLoad(l float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -135,7 +145,7 @@ func waitProcs(t *testing.T, f *fakeRuntime, n int) {
 	deadline := time.Now().Add(5 * time.Second)
 	for f.Current() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("processors %d after 5 s, want %d (set: %v)", f.Current(), n, f.sets)
+			t.Fatalf("processors %d after 5 s, want %d (set: %v)", f.Current(), n, f.setsSoFar())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -165,7 +175,10 @@ func TestControllerFollowsTheLoad(t *testing.T) {
 		t.Fatalf("running %v, held %d after release", Running(), Held())
 	}
 	if f.Current() != 2 {
-		t.Fatalf("processors %d after the last release, want the 2 it started with", f.Current())
+		t.Fatalf("processors %d after the last release, want the runtime's 2", f.Current())
+	}
+	if f.setsSoFar()[len(f.setsSoFar())-1] != 1 {
+		t.Fatalf("sets %v: the last one should be the fall to 1, the release the runtime's own", f.setsSoFar())
 	}
 }
 
@@ -204,8 +217,8 @@ func TestAcquireDoesNotRun(t *testing.T) {
 				t.Fatalf("running %v, held %d", Running(), Held())
 			}
 			release()
-			if len(f.sets) != 0 || Held() != 0 {
-				t.Fatalf("processors set %v, held %d", f.sets, Held())
+			if sets := f.setsSoFar(); len(sets) != 0 || Held() != 0 {
+				t.Fatalf("processors set %v, held %d", sets, Held())
 			}
 		})
 	}
@@ -216,13 +229,19 @@ func TestProcessCPU(t *testing.T) {
 	if !ok {
 		t.Skip("no CPU time on this system")
 	}
-	deadline := time.Now().Add(50 * time.Millisecond)
-	for x := 0; time.Now().Before(deadline); x++ {
+	// Spin until the clock shows 10 ms of CPU (bounded: a clock that does not move fails).
+	start := time.Now()
+	for x := 0; ; x++ {
 		_ = x * x
-	}
-	after, _ := processCPU()
-	if after-before < 10*time.Millisecond {
-		t.Fatalf("50 ms of spinning read as %v of CPU time", after-before)
+		if x%100000 == 0 {
+			if now, _ := processCPU(); now-before >= 10*time.Millisecond {
+				break
+			}
+			if time.Since(start) > 5*time.Second {
+				now, _ := processCPU()
+				t.Fatalf("5 s of spinning read as %v of CPU time", now-before)
+			}
+		}
 	}
 }
 
@@ -240,7 +259,7 @@ func TestBurstProbe(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for f.Current() != 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("processors %d 5 s into a burst of requests (set: %v)", f.Current(), f.sets)
+			t.Fatalf("processors %d 5 s into a burst of requests (set: %v)", f.Current(), f.setsSoFar())
 		}
 		for range kickEvery {
 			Begin()
@@ -266,5 +285,29 @@ func TestBeginWithoutController(t *testing.T) {
 	}
 	if n := inflight.Load(); n != 0 {
 		t.Fatalf("%d in flight", n)
+	}
+}
+
+// TestControllerCeilingFalls: the container shrinks while the Controller runs one processor;
+// the next rise reads the runtime's ceiling again and stays under it.
+func TestControllerCeilingFalls(t *testing.T) {
+	f := &fakeRuntime{procs: 4, ceiling: 4}
+	p := Params{Every: 2 * time.Millisecond, Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 2, Window: 5}
+	release := acquire(nil, p, f, f.clock, false)
+	defer release()
+	waitProcs(t, f, 1)
+	f.mu.Lock()
+	f.ceiling = 2
+	f.mu.Unlock()
+	f.setLoad(8) // wants every processor there is
+	waitProcs(t, f, 2)
+	time.Sleep(30 * time.Millisecond)
+	for _, n := range f.setsSoFar() {
+		if n > 2 {
+			t.Fatalf("set %d over a ceiling of 2 (sets %v)", n, f.setsSoFar())
+		}
+	}
+	if f.Current() != 2 {
+		t.Fatalf("processors %d under a ceiling of 2 at full load", f.Current())
 	}
 }
