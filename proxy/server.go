@@ -23,6 +23,7 @@ import (
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/heapfloor"
 	"github.com/sluicegw/sluice/proxy/http1"
 	"github.com/sluicegw/sluice/proxy/procs"
 	"github.com/sluicegw/sluice/proxy/telemetry"
@@ -76,6 +77,7 @@ type Server struct {
 	wg            sync.WaitGroup
 	stopWatch     context.CancelFunc
 	releaseProcs  func() // the process's processor Controller, held while serving (procs: adaptive)
+	releaseHeap   func() // the collector's heap floor (heap_floor), held while serving
 	reloadsFailed atomic.Int64
 	metricsReg    metric.Registration
 	signalsReg    metric.Registration
@@ -486,6 +488,7 @@ func (s *Server) Start() error {
 	if c.Procs != "fixed" {
 		s.releaseProcs = procs.Acquire(s.log)
 	}
+	s.releaseHeap = heapfloor.Hold(uint64(c.HeapFloor))
 	if !s.opts.AwaitConfig || s.applied.Load() {
 		s.ready.Store(true)
 	}
@@ -785,6 +788,9 @@ func (s *Server) shutdown(ctx context.Context) error {
 	s.wg.Wait()
 	if s.releaseProcs != nil {
 		s.releaseProcs()
+	}
+	if s.releaseHeap != nil {
+		s.releaseHeap()
 	}
 	s.shadow.close()
 	st := s.state.Load()

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/heapfloor"
 	"github.com/sluicegw/sluice/proxy/procs"
 )
 
@@ -102,14 +104,23 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestServerHoldsTheProcessorController: a started server holds the process's processor
-// controller (procs: adaptive, the default) until it shuts down; procs: fixed holds none.
+// controller (procs: adaptive, the default) and the collector's heap floor (heap_floor, but
+// not at the runtime's own 4MiB) until it shuts down; procs: fixed holds no controller.
 func TestServerHoldsTheProcessorController(t *testing.T) {
+	floor := 1
+	if os.Getenv("GOGC") != "" {
+		floor = 0 // an operator's GOGC is kept
+	}
 	for _, tc := range []struct {
-		procs string
-		held  int
-	}{{"", 1}, {"adaptive", 1}, {"fixed", 0}} {
+		procs, heapFloor string
+		held, floors     int
+	}{{"", "", 1, floor}, {"adaptive", "64MiB", 1, floor}, {"fixed", "4MiB", 0, 0}} {
 		t.Run("procs="+tc.procs, func(t *testing.T) {
-			cfg, err := config.Parse([]byte("listen: 127.0.0.1:0\nadmin: {listen: 127.0.0.1:0}\nprocs: \"" + tc.procs + "\"\n" +
+			extra := ""
+			if tc.heapFloor != "" {
+				extra = "heap_floor: " + tc.heapFloor + "\n"
+			}
+			cfg, err := config.Parse([]byte("listen: 127.0.0.1:0\nadmin: {listen: 127.0.0.1:0}\nprocs: \"" + tc.procs + "\"\n" + extra +
 				"clusters: [{name: main, endpoints: [{url: \"http://127.0.0.1:1\"}], health_check: {disabled: true}}]\n" +
 				"routes: [{name: all, cluster: main}]\n"))
 			if err != nil {
@@ -119,12 +130,15 @@ func TestServerHoldsTheProcessorController(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			before := procs.Held()
+			before, floorsBefore := procs.Held(), heapfloor.Held()
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
 			}
 			if got := procs.Held() - before; got != tc.held {
 				t.Errorf("a started server holds %d controllers, want %d", got, tc.held)
+			}
+			if got := heapfloor.Held() - floorsBefore; got != tc.floors {
+				t.Errorf("a started server holds %d heap floors, want %d", got, tc.floors)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -133,6 +147,9 @@ func TestServerHoldsTheProcessorController(t *testing.T) {
 			}
 			if got := procs.Held(); got != before {
 				t.Errorf("%d holders after shutdown, want %d", got, before)
+			}
+			if got := heapfloor.Held(); got != floorsBefore {
+				t.Errorf("%d heap floors after shutdown, want %d", got, floorsBefore)
 			}
 		})
 	}

@@ -36,6 +36,7 @@ func TestParseAppliesDefaults(t *testing.T) {
 		{"admin.listen", c.Admin.Listen, DefaultAdminListen},
 		{"admin.token_env", c.Admin.TokenEnv, DefaultAdminTokenEnv},
 		{"max_body_bytes", int64(c.MaxBodyBytes), int64(DefaultMaxBodyBytes)},
+		{"heap_floor", int64(c.HeapFloor), int64(DefaultHeapFloor)},
 		{"drain_timeout", c.DrainTimeout.D(), DefaultDrainTimeout},
 		{"timeouts.ttft", c.Timeouts.TTFT.D(), DefaultTTFTTimeout},
 		{"route timeouts inherit", NewSnapshot(c).Routes[0].Timeouts.Idle.D(), DefaultIdleTimeout},
@@ -61,6 +62,7 @@ listen: "nope"
 procs: auto
 admin: {listen: "0.0.0.0:9090", token_env: SLUICE_TEST_EMPTY, metrics_token_env: SLUICE_TEST_EMPTY, ready_clusters: [nope, b]}
 max_body_bytes: 10
+heap_floor: 1MiB
 timeouts: {ttft: -1s}
 clusters:
   - name: a
@@ -87,6 +89,7 @@ routes:
 		`procs: "auto" is not a sizing (adaptive, fixed)`,
 		`admin.listen: "0.0.0.0:9090" is not a loopback address, so a bearer token is required: set SLUICE_TEST_EMPTY`,
 		`max_body_bytes: 10 is too small`,
+		`heap_floor: 1048576 is out of range (4MiB, the runtime's own sizing, to 4GiB)`,
 		`timeouts.ttft: must not be negative`,
 		`clusters[0].endpoints[0].url: "ftp://x": scheme must be http or https`,
 		`clusters[0].endpoints[2].url: duplicate endpoint "http://h:1"`,

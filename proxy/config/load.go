@@ -22,6 +22,7 @@ import (
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
+	"github.com/sluicegw/sluice/proxy/heapfloor"
 	"github.com/sluicegw/sluice/proxy/upstream"
 	"github.com/sluicegw/sluice/shadow"
 )
@@ -32,6 +33,7 @@ const (
 	DefaultAdminListen   = "127.0.0.1:9090"
 	DefaultAdminTokenEnv = "SLUICE_ADMIN_TOKEN"
 	DefaultMaxBodyBytes  = 16 << 20
+	DefaultHeapFloor     = 16 << 20
 	DefaultMaxEventBytes = 1 << 20
 	DefaultDrainTimeout  = 30 * time.Second
 	DefaultDrainDelay    = 5 * time.Second
@@ -201,6 +203,7 @@ func (c *Config) applyDefaults() {
 	def(&c.Admin.Listen, DefaultAdminListen)
 	def(&c.Admin.TokenEnv, DefaultAdminTokenEnv)
 	policy.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	policy.Default(&c.HeapFloor, DefaultHeapFloor)
 	policy.Default(&c.MaxEventBytes, DefaultMaxEventBytes)
 	policy.Default(&c.DrainTimeout, Duration(DefaultDrainTimeout))
 	policy.Default(&c.DrainDelay, Duration(DefaultDrainDelay))
@@ -359,6 +362,9 @@ func (c *Config) checkBounds(add problemf) {
 	}
 	if c.MaxEventBytes < 1024 {
 		add("max_event_bytes: %d is too small (at least 1024)", c.MaxEventBytes)
+	}
+	if c.HeapFloor < heapfloor.RuntimeMinimum || c.HeapFloor > 4<<30 {
+		add("heap_floor: %d is out of range (4MiB, the runtime's own sizing, to 4GiB)", c.HeapFloor)
 	}
 	if c.DrainTimeout < 0 {
 		add("drain_timeout: must not be negative")

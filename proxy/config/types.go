@@ -37,6 +37,11 @@ type Config struct {
 	// (proxy/procs); or "fixed", the runtime's own number throughout. The GOMAXPROCS
 	// environment variable, when set, is fixed. Fixed at start.
 	Procs string `yaml:"procs" json:"procs,omitempty"`
+	// HeapFloor is the least heap goal of the Go collector (proxy/heapfloor): while the live
+	// heap is under half of it, the collector waits for the heap to reach it rather than for
+	// twice the live heap. 4MiB is the runtime's own sizing; the GOGC environment variable,
+	// when set, is kept. Fixed at start.
+	HeapFloor ByteSize `yaml:"heap_floor" json:"heap_floor"`
 	// MaxBodyBytes bounds a request body; larger requests get 413.
 	MaxBodyBytes ByteSize `yaml:"max_body_bytes" json:"max_body_bytes"`
 	// MaxEventBytes bounds one SSE event relayed from an upstream.
