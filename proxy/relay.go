@@ -196,11 +196,12 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 				ex.flush()
 			}
 		}
-		t0 = time.Now()
-		res.wait += t0.Sub(t1)
+		// One clock read an event: the relay of the last event (mostly its write to the
+		// client) and the wait for this one are both time on the network.
 		ev, err = rd.Next()
-		t1 = time.Now()
-		res.wait += t1.Sub(t0)
+		t := time.Now()
+		res.wait += t.Sub(t1)
+		t1 = t
 		marks = markTap(tap)
 		if err == nil && !tap.ObserveChunk(ev, t1) {
 			err = errMalformedEvent // never relay a chunk the client cannot decode

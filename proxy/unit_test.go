@@ -496,3 +496,27 @@ func TestReadMemAfterABurst(t *testing.T) {
 		t.Errorf("retained free memory %d MiB before FreeOSMemory, %d MiB after; want ≥ 64 MiB returned", before.retained>>20, after.retained>>20)
 	}
 }
+
+func TestJSONContentType(t *testing.T) {
+	for _, tc := range []struct {
+		ct   string
+		want bool
+	}{
+		{"application/json", true},
+		{"Application/JSON", true},
+		{"application/json; charset=utf-8", true},
+		{"application/json;charset=UTF-8", true},
+		{"application/vnd.api+json", true},
+		{"application/jsonx", false},
+		{"application/jso", false},
+		{"text/json", false},
+		{"text/plain", false},
+		{"multipart/form-data; boundary=x", false},
+		{"", false},
+		{"application/json; =bad", false},
+	} {
+		if got := jsonContentType(tc.ct); got != tc.want {
+			t.Errorf("jsonContentType(%q) = %v, want %v", tc.ct, got, tc.want)
+		}
+	}
+}

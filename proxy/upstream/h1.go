@@ -2,13 +2,16 @@ package upstream
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -123,11 +126,7 @@ func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ctx := req.Context()
-	port := req.URL.Port()
-	if port == "" {
-		port = "80"
-	}
-	host := net.JoinHostPort(req.URL.Hostname(), port)
+	host := dialAddr(req.URL)
 	for try := 0; ; try++ {
 		c, err := t.get(ctx, host)
 		if err != nil {
@@ -153,6 +152,16 @@ func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
 			req = shallowWithBody(req, b)
 		}
 	}
+}
+
+// dialAddr is the host:port to dial for u (an http URL), which also keys the idle pool: the
+// URL's own Host when it names a port (no new string each request), else with port 80; an
+// IPv6 zone is unescaped ("%25" in a URL is "%" to the resolver).
+func dialAddr(u *url.URL) string {
+	if port := u.Port(); port != "" && strings.IndexByte(u.Host, '%') < 0 {
+		return u.Host
+	}
+	return net.JoinHostPort(u.Hostname(), cmp.Or(u.Port(), "80"))
 }
 
 // exchange writes req on c and reads the answer's head. retry reports that c was a reused

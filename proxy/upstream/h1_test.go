@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -642,5 +643,26 @@ func TestH1ClosedKeepsNoConnection(t *testing.T) {
 	h.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d idle connections kept after close, want 0", n)
+	}
+}
+
+func TestDialAddr(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"http://127.0.0.1:8000/v1", "127.0.0.1:8000"},
+		{"http://vllm.internal:8000", "vllm.internal:8000"},
+		{"http://vllm.internal/v1", "vllm.internal:80"},
+		{"http://vllm.internal:/v1", "vllm.internal:80"},
+		{"http://[::1]:8080/", "[::1]:8080"},
+		{"http://[::1]/", "[::1]:80"},
+		{"http://[fe80::1%25eth0]:8080/", "[fe80::1%eth0]:8080"},
+		{"http://[fe80::1%25eth0]/", "[fe80::1%eth0]:80"},
+	} {
+		u, err := url.Parse(tc.url)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.url, err)
+		}
+		if got := dialAddr(u); got != tc.want {
+			t.Errorf("dialAddr(%s) = %q, want %q", tc.url, got, tc.want)
+		}
 	}
 }
