@@ -20,8 +20,8 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.ppid != 4200 || st.ticks != 168 {
-		t.Fatalf("got %+v, want ppid 4200 ticks 168", st)
+	if st.ppid != 4200 || st.ticks != 168 || st.sysTicks != 45 {
+		t.Fatalf("got %+v, want ppid 4200 ticks 168 (45 of them system)", st)
 	}
 	if _, err := parseStat([]byte("4242 (x) S 1")); err == nil {
 		t.Fatal("a short stat must be an error")

@@ -66,6 +66,7 @@ type rateRound struct {
 	rate         float64 // achieved: requests / (last send - first send)
 	p50, p99     time.Duration
 	cpuTicks     uint64
+	sysTicks     uint64  // the part of cpuTicks in the kernel
 	foreign      float64 // CPUs' worth of other work on the machine during the turn
 	errs         []string
 }
@@ -77,6 +78,7 @@ type rateResult struct {
 	requests  int
 	ok        int
 	cpuTicks  uint64
+	sysTicks  uint64
 	errs      map[string]int
 }
 
@@ -125,7 +127,7 @@ func attack(ctx context.Context, t *target, rate int, d time.Duration, body []by
 			last = res.Timestamp
 		}
 	}
-	rr.cpuTicks, rr.foreign = theMeter.stop(ms)
+	rr.cpuTicks, rr.sysTicks, rr.foreign = theMeter.stopSplit(ms)
 	if span := last.Sub(first).Seconds(); span > 0 {
 		rr.rate = float64(rr.requests-1) / span
 	}
@@ -142,6 +144,7 @@ func (r *rateResult) add(rr rateRound, lat []time.Duration) {
 	r.requests += rr.requests
 	r.ok += rr.ok
 	r.cpuTicks += rr.cpuTicks
+	r.sysTicks += rr.sysTicks
 	for _, e := range rr.errs {
 		if r.errs == nil {
 			r.errs = map[string]int{}
@@ -244,6 +247,7 @@ type streamRound struct {
 	short     int // streams that ended with fewer content events than asked
 	errs      []string
 	cpuTicks  uint64
+	sysTicks  uint64 // the part of cpuTicks in the kernel
 	foreign   float64
 	wall      time.Duration
 }
@@ -339,7 +343,7 @@ func streams(ctx context.Context, t *target, n, tokens int) streamRound {
 	close(start)
 	wg.Wait()
 	sr.wall = time.Since(t0)
-	sr.cpuTicks, sr.foreign = theMeter.stop(ms)
+	sr.cpuTicks, sr.sysTicks, sr.foreign = theMeter.stopSplit(ms)
 	return sr
 }
 

@@ -161,6 +161,7 @@ func freePort() (int, error) {
 // procStat is what the harness reads of one process from /proc.
 type procStat struct {
 	ticks      uint64 // utime + stime, in clock ticks
+	sysTicks   uint64 // stime: in the kernel on the process's behalf
 	childTicks uint64 // cutime + cstime: children waited for
 	ppid       int
 }
@@ -185,7 +186,7 @@ func parseStat(b []byte) (procStat, error) {
 	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return procStat{}, fmt.Errorf("malformed stat: %w", err)
 	}
-	return procStat{ticks: ut + st, childTicks: uint64(max(cut, 0) + max(cst, 0)), ppid: ppid}, nil
+	return procStat{ticks: ut + st, sysTicks: st, childTicks: uint64(max(cut, 0) + max(cst, 0)), ppid: ppid}, nil
 }
 
 func readStat(pid int) (procStat, error) {
@@ -285,13 +286,20 @@ func (p *proxyProc) pids() []int {
 
 // cpuTicks is the CPU time (user + system) of the proxy's processes so far, in ticks.
 func (p *proxyProc) cpuTicks() uint64 {
-	var sum uint64
+	all, _ := p.cpu()
+	return all
+}
+
+// cpu is the CPU time (user + system) of the proxy's processes so far and the part of it in
+// the kernel (system), in ticks.
+func (p *proxyProc) cpu() (all, sys uint64) {
 	for _, pid := range p.pids() {
 		if st, err := readStat(pid); err == nil {
-			sum += st.ticks
+			all += st.ticks
+			sys += st.sysTicks
 		}
 	}
-	return sum
+	return all, sys
 }
 
 // rss returns the sum of VmHWM over the proxy's processes and each one's figure.
@@ -353,7 +361,7 @@ var theMeter *meter
 type sample struct {
 	at              time.Time
 	machine, ours   uint64
-	proxy           uint64
+	proxy, proxySys uint64
 	proxyP          *proxyProc
 	machineReadable bool
 }
@@ -380,21 +388,27 @@ func (m *meter) start(p *proxyProc) sample {
 	}
 	s.ours = m.ours()
 	if p != nil {
-		s.proxy = p.cpuTicks()
+		s.proxy, s.proxySys = p.cpu()
 	}
 	return s
 }
 
 // stop returns the proxy's CPU ticks since s and the CPUs' worth of foreign work.
 func (m *meter) stop(s sample) (proxyTicks uint64, foreign float64) {
+	proxyTicks, _, foreign = m.stopSplit(s)
+	return proxyTicks, foreign
+}
+
+// stopSplit is stop with the part of the proxy's ticks spent in the kernel.
+func (m *meter) stopSplit(s sample) (proxyTicks, proxySys uint64, foreign float64) {
 	e := m.start(s.proxyP)
 	if s.proxyP != nil {
-		proxyTicks = e.proxy - s.proxy
+		proxyTicks, proxySys = e.proxy-s.proxy, e.proxySys-s.proxySys
 	}
 	wall := e.at.Sub(s.at).Seconds()
 	if s.machineReadable && e.machineReadable && wall > 0 {
 		other := float64(e.machine-s.machine) - float64(e.ours-s.ours)
 		foreign = max(0, other/clockTicks/wall)
 	}
-	return proxyTicks, foreign
+	return proxyTicks, proxySys, foreign
 }

@@ -607,6 +607,7 @@ func (res *results) targetsSection(p func(string, ...any), added, addedTTFT func
 		}
 		return fmt.Sprintf("**missed** (%s nginx)", fmtX(div(s, n)))
 	})
+	res.kernelShares(p, o.rates)
 	res.benchTargets(p, len(ys))
 	p("\nThe issue's reference for nginx on a 2-core machine: %+.2f ms p50 and %+.1f ms p99 at 2,000 req/s, %.0f µs CPU per request, %.2fx direct throughput, %+.1f ms TTFT p50 with 200 streams, %.0f MiB peak RSS. This run's nginx is the yardstick above (same run, same conditions)",
 		refNginxAddedP50, refNginxAddedP99, refNginxCPU, refNginxThroughput, refNginxTTFT, refNginxRSS)
@@ -614,6 +615,49 @@ func (res *results) targetsSection(p func(string, ...any), added, addedTTFT func
 		p("; haproxy, configured as a plain streaming proxy too, is a second one beside it")
 	}
 	p(".\n\n")
+}
+
+// kernelShares says how much of each proxy's CPU above was the kernel's (stime: system
+// calls, and the loopback TCP work done in them), at each rate and a stream: what user
+// space costs, and what no user-space change can take away.
+func (res *results) kernelShares(p func(string, ...any), rates []int) {
+	var lines []string
+	for _, t := range res.targets {
+		if t.proxy == nil {
+			continue
+		}
+		var parts []string
+		for _, rate := range rates {
+			if r := res.fixed[rate][t.name]; r != nil && r.requests > 0 {
+				parts = append(parts, fmt.Sprintf("%s @ %s", kernelPart(r.cpuTicks, r.sysTicks, r.requests), thousands(rate)))
+			}
+		}
+		var all, sys uint64
+		n := 0
+		for _, sr := range res.streams[t.name] {
+			all += sr.cpuTicks
+			sys += sr.sysTicks
+			n += len(sr.ttft) + sr.failed
+		}
+		if n > 0 {
+			parts = append(parts, kernelPart(all, sys, n)+" a stream")
+		}
+		if len(parts) == 0 {
+			continue
+		}
+		lines = append(lines, t.name+" "+strings.Join(parts, ", "))
+	}
+	if len(lines) > 0 {
+		p("\nIn the kernel (stime), of the CPU above, user space being the rest: %s.\n", strings.Join(lines, "; "))
+	}
+}
+
+// kernelPart is "S of A µs (P%)": the kernel's part sys of all ticks over n requests.
+func kernelPart(all, sys uint64, n int) string {
+	if all == 0 {
+		return "0 µs"
+	}
+	return fmt.Sprintf("%s of %s (%.0f%%)", fmtUs(cpuUs(sys, n)), fmtUs(cpuUs(all, n)), 100*float64(sys)/float64(all))
 }
 
 // cpuPerStream is a proxy's CPU per stream in µs over the measured streaming rounds.
