@@ -1113,6 +1113,13 @@ type cur struct {
 	i   int
 	msg string // first syntax error
 	off int    // its offset
+
+	// What a Tap's scan met, for its shapes (Tap.observe): the content strings it counted,
+	// the span of the last one ([cs, ce), quotes included), and whether anything else could
+	// have changed the tap.
+	contents int
+	cs, ce   int
+	effect   bool
 }
 
 func (c *cur) fail(off int, msg string) {

@@ -63,7 +63,24 @@ type Tap struct {
 	Seq int
 
 	weight int // token-estimate weight of the output text (see EstimateTextTokens)
+
+	// shape is the last plain chunk read in full: a chat chunk whose only effect on the tap
+	// was one choice's delta content string, which spans shape[shapeStart:shapeEnd] (its
+	// quotes included). A chunk made of the same bytes around another valid string has the
+	// same effect but that string's: the scan's path through the bytes before a string and
+	// after it does not depend on the string, and those bytes are the ones that read
+	// nothing else the first time. So observe reads only the string of such a chunk: a
+	// stream's chunks are mostly their predecessor with another token. A string, so that
+	// copies of a Tap share it safely; at most maxShapes an answer, each copies a chunk.
+	shape                string
+	shapeStart, shapeEnd int
+	shapes               int
 }
+
+// maxShapes bounds the chunks a Tap copies as its shape (one allocation each): a stream's
+// role chunk and its first token chunk make two, and a stream whose chunks differ in more
+// than their content is read in full without copying each.
+const maxShapes = 4
 
 // ResponsesFinishReason maps the end of a Responses API answer to the chat finish_reason
 // the rest of the gateway speaks: status "completed" is "stop", or "tool_calls" when the
@@ -311,6 +328,12 @@ func statusKind(raw []byte, esc bool) int {
 // It reports whether data is one whole JSON object (white space around it aside), valid as
 // encoding/json would have it.
 func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
+	if t.shape != "" {
+		if st, ok := t.sameShape(data); ok {
+			t.tokenEvent(st, false, now)
+			return true
+		}
+	}
 	c := cur{b: data}
 	if c.peek() != '{' {
 		return false
@@ -338,8 +361,10 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 		case "choices":
 			t.choices(&c, &st, &output)
 		case "usage":
+			c.effect = true
 			t.usage(&c)
 		case "type":
+			c.effect = true
 			if c.peek() == '"' {
 				if raw, esc, ok := c.str(); ok {
 					kind = responsesKind(raw, esc)
@@ -349,11 +374,14 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 			kind = rNone
 			c.skip(nil)
 		case "delta":
+			c.effect = true
 			delta = textStats{}
 			stringStats(&c, &delta)
 		case "sequence_number":
+			c.effect = true
 			seq = readCount(&c)
 		case "response":
+			c.effect = true
 			ended = responseInfo{}
 			responseObject(&c, &ended)
 		case "id":
@@ -373,13 +401,16 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 			}
 			c.skip(nil)
 		case "status", "incomplete_details", "output":
+			c.effect = true
 			responseMember(&c, key, esc, &body, &btext)
 		case "error":
 			if c.peek() != 'n' {
+				c.effect = true
 				t.ErrorSeen = true
 			}
 			c.skip(nil)
 		case "data":
+			c.effect = true
 			if c.peek() == '[' {
 				start := c.i
 				c.skip(nil)
@@ -417,14 +448,40 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 	case rError:
 		t.ErrorSeen = true
 	}
+	if whole && kind == rNone && !isRsp && !output && !c.effect && c.contents == 1 && t.shapes < maxShapes {
+		t.shape, t.shapeStart, t.shapeEnd = string(data), c.cs, c.ce
+		t.shapes++
+	}
 	if t.ID == "" && ended.id != nil {
 		t.setID(ended.id, ended.idEsc)
 	}
 	if kind != rNone && seq >= 0 {
 		t.Seq = max(t.Seq, seq+1)
 	}
+	t.tokenEvent(st, output, now)
+	return whole
+}
+
+// sameShape reads data as the tap's shape around another string: the string's text, and
+// whether data is that.
+func (t *Tap) sameShape(data []byte) (st textStats, ok bool) {
+	s, e := t.shapeStart, t.shapeEnd
+	suffix := t.shape[e:]
+	if len(data) < s+2+len(suffix) || data[s] != '"' || string(data[:s]) != t.shape[:s] {
+		return textStats{}, false
+	}
+	end, _, msg := scanStringStats(data, s, &st, nil)
+	if msg != "" || string(data[end:]) != suffix {
+		return textStats{}, false
+	}
+	return st, true
+}
+
+// tokenEvent counts an event's text st (and output: a tool call or embeddings) and, if
+// it has any, the event as a token event at now.
+func (t *Tap) tokenEvent(st textStats, output bool, now time.Time) {
 	if st.chars == 0 && !output {
-		return whole
+		return
 	}
 	t.TokenEvents++
 	t.weight += st.weight
@@ -441,7 +498,6 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 	if !t.HaveUsage {
 		t.Tokens = max(t.TokenEvents, (t.weight+unitsPT-1)/unitsPT)
 	}
-	return whole
 }
 
 func (t *Tap) choices(c *cur, st *textStats, output *bool) {
@@ -464,11 +520,14 @@ func (t *Tap) choices(c *cur, st *textStats, output *bool) {
 			var kb [32]byte
 			switch string(keyText(key, esc, kb[:])) {
 			case "delta", "message":
+				c.effect = c.effect || string(keyText(key, esc, kb[:])) == "message"
 				t.delta(c, st, output)
 			case "text":
+				c.effect = true
 				stringStats(c, st)
 			case "finish_reason":
 				if c.peek() == '"' {
+					c.effect = true
 					if raw, esc, ok := c.str(); ok {
 						t.setFinish(raw, esc)
 						if len(raw) > 0 {
@@ -499,9 +558,18 @@ func (t *Tap) delta(c *cur, st *textStats, output *bool) {
 		}
 		var kb [32]byte
 		switch string(keyText(key, esc, kb[:])) {
-		case "content", "reasoning_content", "reasoning", "refusal":
+		case "content":
+			if c.peek() == '"' {
+				c.contents++
+				c.cs = c.i
+			}
+			stringStats(c, st)
+			c.ce = c.i
+		case "reasoning_content", "reasoning", "refusal":
+			c.effect = true
 			stringStats(c, st)
 		case "tool_calls":
+			c.effect = true
 			if c.peek() != '[' {
 				c.skip(nil)
 				continue
@@ -512,6 +580,7 @@ func (t *Tap) delta(c *cur, st *textStats, output *bool) {
 				functionStats(c, st, true)
 			}
 		case "function_call":
+			c.effect = true
 			if c.peek() == '{' {
 				*output = true
 			}
