@@ -466,6 +466,7 @@ func (res *results) markdown() string {
 		p("\n")
 	}
 	p("\n")
+	res.kernelShares(p, o.rates)
 	if res.has("nginx") {
 		var each []string
 		for _, v := range res.rss["nginx"].each {
@@ -607,7 +608,6 @@ func (res *results) targetsSection(p func(string, ...any), added, addedTTFT func
 		}
 		return fmt.Sprintf("**missed** (%s nginx)", fmtX(div(s, n)))
 	})
-	res.kernelShares(p, o.rates)
 	res.benchTargets(p, len(ys))
 	p("\nThe issue's reference for nginx on a 2-core machine: %+.2f ms p50 and %+.1f ms p99 at 2,000 req/s, %.0f µs CPU per request, %.2fx direct throughput, %+.1f ms TTFT p50 with 200 streams, %.0f MiB peak RSS. This run's nginx is the yardstick above (same run, same conditions)",
 		refNginxAddedP50, refNginxAddedP99, refNginxCPU, refNginxThroughput, refNginxTTFT, refNginxRSS)
@@ -648,7 +648,7 @@ func (res *results) kernelShares(p func(string, ...any), rates []int) {
 		lines = append(lines, t.name+" "+strings.Join(parts, ", "))
 	}
 	if len(lines) > 0 {
-		p("\nIn the kernel (stime), of the CPU above, user space being the rest: %s.\n", strings.Join(lines, "; "))
+		p("In the kernel (stime), of the CPU above, user space being the rest: %s.\n\n", strings.Join(lines, "; "))
 	}
 }
 

@@ -104,7 +104,7 @@ func TestMarkdown(t *testing.T) {
 				"| phase | round | order | direct | sluice | nginx | haproxy | other load (worst turn) |",
 				"| wrk | 1 | direct → sluice → nginx → haproxy | 30000 req/s | 9000 req/s | 21000 req/s | 15000 req/s | 0.00 CPUs |",
 				"haproxy, configured as a plain streaming proxy too, is a second one beside it.",
-				"In the kernel (stime), of the CPU above, user space being the rest: sluice 100.0 µs of 300.0 µs (33%) @ 500, 100.0 µs of 300.0 µs (33%) @ 2,000, 1000.0 µs of 3000.0 µs (33%) a stream; nginx 80.0 µs of 100.0 µs (80%) @ 500, 80.0 µs of 100.0 µs (80%) @ 2,000, 0.0 µs of 1000.0 µs (0%) a stream; haproxy 100.0 µs of 200.0 µs (50%) @ 500, 100.0 µs of 200.0 µs (50%) @ 2,000, 1000.0 µs of 2000.0 µs (50%) a stream.\n",
+				"In the kernel (stime), of the CPU above, user space being the rest: sluice 100.0 µs of 300.0 µs (33%) @ 500, 100.0 µs of 300.0 µs (33%) @ 2,000, 1000.0 µs of 3000.0 µs (33%) a stream; nginx 80.0 µs of 100.0 µs (80%) @ 500, 80.0 µs of 100.0 µs (80%) @ 2,000, 0.0 µs of 1000.0 µs (0%) a stream; haproxy 100.0 µs of 200.0 µs (50%) @ 500, 100.0 µs of 200.0 µs (50%) @ 2,000, 1000.0 µs of 2000.0 µs (50%) a stream.\n\nnginx per process",
 			},
 			avoid: []string{"Left out of this run"},
 		},
