@@ -1114,7 +1114,7 @@ type cur struct {
 	msg string // first syntax error
 	off int    // its offset
 
-	// What a Tap's scan met, for its shapes (Tap.observe): the content strings it counted,
+	// What a Tap's scan met, for its shapes (Tap.observe): the text strings it counted,
 	// the span of the last one ([cs, ce), quotes included), and whether anything else could
 	// have changed the tap.
 	contents int

@@ -93,6 +93,19 @@ func TestTapShapeAgreesWithFullScan(t *testing.T) {
 			[]byte(`{"id":"m","choices":[{"index":0,"text":"a"}]}`),
 			[]byte(`{"id":"m","choices":[{"index":0,"text":"b"}]}`),
 		},
+		"a completion stream": {
+			[]byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" a","logprobs":null,"finish_reason":null,"stop_reason":null}]}`),
+			[]byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" b","logprobs":null,"finish_reason":null,"stop_reason":null}]}`),
+			[]byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":null,"stop_reason":null}]}`),
+			[]byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" c","logprobs":null,"finish_reason":"length","stop_reason":null}]}`),
+		},
+		"a reasoning stream, then its answer": {
+			chunk(id, `"role":"assistant","content":null,"reasoning_content":""`, "null"),
+			chunk(id, `"reasoning_content":"Let"`, "null"), chunk(id, `"reasoning_content":" me"`, "null"),
+			chunk(id, `"content":"x","reasoning_content":null`, "null"), chunk(id, `"content":"y"`, "null"),
+			chunk(id, `"content":"y","reasoning_content":"z"`, "null"), chunk(id, `"content":"w"`, "null"),
+			chunk(id, `"refusal":"no"`, "null"), chunk(id, `"refusal":"pe"`, "null"),
+		},
 		"usage in every chunk": {
 			[]byte(`{"id":"u","choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`),
 			[]byte(`{"id":"u","choices":[{"index":0,"delta":{"content":"b"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`),
@@ -123,6 +136,14 @@ func TestTapShapeIsUsed(t *testing.T) {
 	}
 	if _, ok := tap.sameShape(d); !ok {
 		t.Error("a chunk of the stream's shape is not read as one")
+	}
+
+	completion := &Tap{}
+	for i := range 20 {
+		completion.ObserveChunk(Event{Data: fmt.Appendf(nil, `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" t%d","logprobs":null,"finish_reason":null,"stop_reason":null}]}`, i)}, now)
+	}
+	if completion.shapes != 1 || completion.TokenEvents != 20 {
+		t.Errorf("completion stream: shapes %d, token events %d: want 1 and 20", completion.shapes, completion.TokenEvents)
 	}
 
 	varying := &Tap{}
@@ -173,6 +194,7 @@ func FuzzTapShape(f *testing.F) {
 	f.Add(chunk(id, `"content":"a"`, "null"), chunk(id, `"content":"b"`, "null"), chunk(id, `"content":"c"`, `"stop"`))
 	f.Add(chunk(id, `"role":"assistant","content":""`, "null"), chunk(id, `"content":"\u0041"`, "null"), chunk(id, `"content":"x","tool_calls":[]`, "null"))
 	f.Add([]byte(`{"id":"s","choices":[{"delta":{"content":"a"}}]}`), []byte(`{"id":"s","choices":[{"delta":{"content":"a\"}}]}`), []byte(`{"id":"s","choices":[{"delta":{"content":"a"}}]}x`))
+	f.Add([]byte(`{"id":"c","choices":[{"index":0,"text":"a","finish_reason":null}]}`), []byte(`{"id":"c","choices":[{"index":0,"text":"b","finish_reason":null}]}`), []byte(`{"id":"c","choices":[{"index":0,"reasoning_content":"b","finish_reason":null}]}`))
 	f.Fuzz(func(t *testing.T, a, b, c []byte) {
 		if len(a)+len(b)+len(c) > 1<<14 {
 			return

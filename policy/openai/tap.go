@@ -64,9 +64,9 @@ type Tap struct {
 
 	weight int // token-estimate weight of the output text (see EstimateTextTokens)
 
-	// shape is the last plain chunk read in full: a chat chunk whose only effect on the tap
-	// was one choice's delta content string, which spans shape[shapeStart:shapeEnd] (its
-	// quotes included). A chunk made of the same bytes around another valid string has the
+	// shape is the last plain chunk read in full: a chat or completion chunk whose only
+	// effect on the tap was one choice's text string (delta content, reasoning or refusal,
+	// or a completion's text), which spans shape[shapeStart:shapeEnd] (its quotes included). A chunk made of the same bytes around another valid string has the
 	// same effect but that string's: the scan's path through the bytes before a string and
 	// after it does not depend on the string, and those bytes are the ones that read
 	// nothing else the first time. So observe reads only the string of such a chunk: a
@@ -523,8 +523,7 @@ func (t *Tap) choices(c *cur, st *textStats, output *bool) {
 				c.effect = c.effect || string(keyText(key, esc, kb[:])) == "message"
 				t.delta(c, st, output)
 			case "text":
-				c.effect = true
-				stringStats(c, st)
+				textStringStats(c, st)
 			case "finish_reason":
 				if c.peek() == '"' {
 					c.effect = true
@@ -558,16 +557,8 @@ func (t *Tap) delta(c *cur, st *textStats, output *bool) {
 		}
 		var kb [32]byte
 		switch string(keyText(key, esc, kb[:])) {
-		case "content":
-			if c.peek() == '"' {
-				c.contents++
-				c.cs = c.i
-			}
-			stringStats(c, st)
-			c.ce = c.i
-		case "reasoning_content", "reasoning", "refusal":
-			c.effect = true
-			stringStats(c, st)
+		case "content", "reasoning_content", "reasoning", "refusal":
+			textStringStats(c, st)
 		case "tool_calls":
 			c.effect = true
 			if c.peek() != '[' {
@@ -613,6 +604,19 @@ func functionStats(c *cur, st *textStats, wrapped bool) {
 			c.skip(nil)
 		}
 	}
+}
+
+// textStringStats is stringStats for a choice's text (delta content, reasoning or refusal, a
+// completion's text): a string is also noted for the tap's shapes, its span in c.
+func textStringStats(c *cur, st *textStats) {
+	if c.peek() != '"' {
+		c.skip(nil)
+		return
+	}
+	c.contents++
+	c.cs = c.i
+	c.strStats(st)
+	c.ce = c.i
 }
 
 // stringStats counts the string at the cursor, if it is one, and skips any other value.
