@@ -202,3 +202,13 @@ func FuzzTapShape(f *testing.F) {
 		shapeCheck(t, "fuzz", [][]byte{a, b, c, a, b})
 	})
 }
+
+// TestTapShapeBounded: an answer larger than a chunk is not kept as a shape.
+func TestTapShapeBounded(t *testing.T) {
+	big := chunk("b", `"content":"`+strings.Repeat("x", maxShapeBytes)+`"`, "null")
+	tap := &Tap{}
+	tap.ObserveBody(big, time.Unix(1, 0))
+	if tap.shape != "" || tap.TokenEvents != 1 {
+		t.Errorf("a %d-byte answer: shape of %d bytes, %d token events; want none and 1", len(big), len(tap.shape), tap.TokenEvents)
+	}
+}

@@ -64,14 +64,16 @@ type Tap struct {
 
 	weight int // token-estimate weight of the output text (see EstimateTextTokens)
 
-	// shape is the last plain chunk read in full: a chat or completion chunk whose only
-	// effect on the tap was one choice's text string (delta content, reasoning or refusal,
-	// or a completion's text), which spans shape[shapeStart:shapeEnd] (its quotes included). A chunk made of the same bytes around another valid string has the
-	// same effect but that string's: the scan's path through the bytes before a string and
-	// after it does not depend on the string, and those bytes are the ones that read
-	// nothing else the first time. So observe reads only the string of such a chunk: a
-	// stream's chunks are mostly their predecessor with another token. A string, so that
-	// copies of a Tap share it safely; at most maxShapes an answer, each copies a chunk.
+	// shape is the last plain chunk read in full: a chat or completion chunk of at most
+	// maxShapeBytes whose only effect on the tap was one choice's text string (delta
+	// content, reasoning or refusal, or a completion's text), which spans
+	// shape[shapeStart:shapeEnd] (its quotes included). A chunk made of the same bytes
+	// around another valid string has the same effect but that string's: the scan's path
+	// through the bytes before a string and after it does not depend on the string, and
+	// those bytes are the ones that read nothing else the first time. So observe reads only
+	// the string of such a chunk: a stream's chunks are mostly their predecessor with
+	// another token. A string, so that copies of a Tap share it safely; at most maxShapes
+	// an answer, each copies a chunk.
 	shape                string
 	shapeStart, shapeEnd int
 	shapes               int
@@ -81,6 +83,9 @@ type Tap struct {
 // role chunk and its first token chunk make two, and a stream whose chunks differ in more
 // than their content is read in full without copying each.
 const maxShapes = 4
+
+// maxShapeBytes bounds a shape: a stream chunk, not a whole answer.
+const maxShapeBytes = 4 << 10
 
 // ResponsesFinishReason maps the end of a Responses API answer to the chat finish_reason
 // the rest of the gateway speaks: status "completed" is "stop", or "tool_calls" when the
@@ -448,7 +453,7 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 	case rError:
 		t.ErrorSeen = true
 	}
-	if whole && kind == rNone && !isRsp && !output && !c.effect && c.contents == 1 && t.shapes < maxShapes {
+	if whole && kind == rNone && !isRsp && !output && !c.effect && c.contents == 1 && t.shapes < maxShapes && len(data) <= maxShapeBytes {
 		t.shape, t.shapeStart, t.shapeEnd = string(data), c.cs, c.ce
 		t.shapes++
 	}
@@ -519,8 +524,10 @@ func (t *Tap) choices(c *cur, st *textStats, output *bool) {
 			}
 			var kb [32]byte
 			switch string(keyText(key, esc, kb[:])) {
-			case "delta", "message":
-				c.effect = c.effect || string(keyText(key, esc, kb[:])) == "message"
+			case "delta":
+				t.delta(c, st, output)
+			case "message": // a whole answer's, not a chunk's: no shape
+				c.effect = true
 				t.delta(c, st, output)
 			case "text":
 				textStringStats(c, st)
