@@ -463,15 +463,23 @@ func (w *watchdog) fire() {
 }
 
 // beat records progress: the first beat ends the TTFT phase.
-func (w *watchdog) beat() {
-	w.started.Store(true)
+func (w *watchdog) beat() { w.beatAt(time.Time{}) }
+
+// beatAt is beat for a caller that read the clock at now (time.Now's; zero: not read): the
+// stream relay, for every event.
+func (w *watchdog) beatAt(now time.Time) {
+	if !w.started.Load() {
+		w.started.Store(true)
+	}
 	switch {
 	case w.idle <= 0:
 		w.stop()
 	case w.t == nil:
 		w.t = alarm.After(w.idle, w.fire)
-	default:
+	case now.IsZero():
 		w.t.Reset(w.idle)
+	default:
+		w.t.ResetFrom(now, w.idle)
 	}
 }
 

@@ -133,7 +133,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 		h.failBeforeFirstByte(ctx, err, ep, res)
 		return
 	}
-	wd.beat()
+	wd.beatAt(t1)
 	// A resumed stream continues one the client already has: no new headers, and its events
 	// before the first token (the role chunk) are not relayed.
 	resumed := ex.committed
@@ -213,7 +213,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			// Only the end of the body should follow; do not wait long for it.
 			wd.idle = time.Second
 		}
-		wd.beat()
+		wd.beatAt(t1)
 	}
 	h.endStream(ctx, ex, err, ep, res)
 }

@@ -76,8 +76,18 @@ func (w *Wheel) After(d time.Duration, f func()) *Alarm {
 // Reset arms a to run d from now, whether it was armed, stopped or had run; it reports
 // whether it was armed (as time.Timer's Reset).
 func (a *Alarm) Reset(d time.Duration) bool {
+	return a.reset(a.w.now(), d)
+}
+
+// ResetFrom is Reset for a caller that has just read the clock: it arms a to run d after
+// now, which must carry time.Now's monotonic reading (the relay reads the clock for every
+// event already; this spares the alarm a second read).
+func (a *Alarm) ResetFrom(now time.Time, d time.Duration) bool {
+	return a.reset(int64(now.Sub(a.w.base))+1, d)
+}
+
+func (a *Alarm) reset(now int64, d time.Duration) bool {
 	w := a.w
-	now := w.now()
 	when := now + int64(max(d, 0))
 	old := a.when.Swap(when)
 	if old == 0 {

@@ -94,6 +94,29 @@ func TestResetMovesTheDeadline(t *testing.T) {
 	}
 }
 
+// ResetFrom counts from the time it is given, not from when it is called: the deadline is
+// the one Reset would have set at that clock read.
+func TestResetFrom(t *testing.T) {
+	w := New(time.Millisecond)
+	r := newRan()
+	a := w.After(time.Hour, r.f)
+	read := time.Now()
+	time.Sleep(30 * time.Millisecond) // the caller's clock read is 30 ms old
+	if !a.ResetFrom(read, time.Hour) {
+		t.Fatal("ResetFrom of an armed alarm: false")
+	}
+	if got, want := a.when.Load(), int64(read.Sub(w.base))+1+int64(time.Hour); got != want {
+		t.Fatalf("deadline %d, want %d (%v off)", got, want, time.Duration(got-want))
+	}
+	// And it runs then.
+	a.ResetFrom(time.Now(), 20*time.Millisecond)
+	r.wait(t, 5*time.Second)
+	if a.ResetFrom(time.Now(), time.Hour) {
+		t.Error("ResetFrom after it ran: true")
+	}
+	a.Stop()
+}
+
 // An alarm due before the wheel's timer pulls the timer forward; one moved earlier too.
 func TestEarlierAlarmMovesTheWheel(t *testing.T) {
 	w := New(5 * time.Millisecond)
