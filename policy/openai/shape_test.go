@@ -106,6 +106,30 @@ func TestTapShapeAgreesWithFullScan(t *testing.T) {
 			chunk(id, `"content":"y","reasoning_content":"z"`, "null"), chunk(id, `"content":"w"`, "null"),
 			chunk(id, `"refusal":"no"`, "null"), chunk(id, `"refusal":"pe"`, "null"),
 		},
+		// Each of these repeats, around another string, a member that changes the tap every
+		// time it is read: a chunk carrying one is never a shape.
+		"a finish reason repeated": {c(`"x"`), chunk(id, `"content":"a"`, `"stop"`), chunk(id, `"content":"b"`, `"stop"`)},
+		"a tool call repeated beside content": {
+			chunk(id, `"content":"a","tool_calls":[{"index":0,"function":{"arguments":"{}"}}]`, "null"),
+			chunk(id, `"content":"b","tool_calls":[{"index":0,"function":{"arguments":"{}"}}]`, "null"),
+		},
+		"a function call repeated beside content": {
+			chunk(id, `"content":"a","function_call":{"name":"f","arguments":"x"}`, "null"),
+			chunk(id, `"content":"b","function_call":{"name":"f","arguments":"x"}`, "null"),
+		},
+		"embeddings data beside an empty text": {
+			[]byte(`{"id":"e","data":[1],"choices":[{"index":0,"delta":{"content":""}}]}`),
+			[]byte(`{"id":"e","data":[1],"choices":[{"index":0,"delta":{"content":""}}]}`),
+		},
+		"a Responses terminal type beside choices": {
+			[]byte(`{"type":"response.completed","choices":[{"index":0,"delta":{"content":"a"}}]}`),
+			[]byte(`{"type":"response.completed","choices":[{"index":0,"delta":{"content":"b"}}]}`),
+		},
+		"a Responses body's status beside choices": {
+			[]byte(`{"object":"response","status":"completed","choices":[{"index":0,"delta":{"content":"a"}}]}`),
+			[]byte(`{"object":"response","status":"completed","choices":[{"index":0,"delta":{"content":"b"}}]}`),
+		},
+		"usage that changes after the shapes ran out": usageRun(),
 		"usage in every chunk": {
 			[]byte(`{"id":"u","choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`),
 			[]byte(`{"id":"u","choices":[{"index":0,"delta":{"content":"b"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`),
@@ -114,6 +138,20 @@ func TestTapShapeAgreesWithFullScan(t *testing.T) {
 	for name, datas := range cases {
 		shapeCheck(t, name, datas)
 	}
+}
+
+// usageRun is five chunks with another usage each, then the fourth's bytes around another
+// string: had a chunk with usage been kept as a shape (the first four would be, the fifth
+// not, maxShapes reached), the last would keep the fifth's usage.
+func usageRun() [][]byte {
+	var out [][]byte
+	u := func(n int, text string) []byte {
+		return fmt.Appendf(nil, `{"id":"u","choices":[{"index":0,"delta":{"content":"%s"}}],"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}`, text, n, n+1)
+	}
+	for n := 1; n <= 5; n++ {
+		out = append(out, u(n, "t"))
+	}
+	return append(out, u(4, "other"))
 }
 
 // TestTapShapeIsUsed checks that a stream's token chunks are read by their string alone
@@ -134,7 +172,7 @@ func TestTapShapeIsUsed(t *testing.T) {
 	if allocs := testing.AllocsPerRun(100, func() { tap.ObserveChunk(Event{Data: d}, now) }); allocs != 0 {
 		t.Errorf("a shaped chunk allocates %v times", allocs)
 	}
-	if _, ok := tap.sameShape(d); !ok {
+	if !tap.shaped(d, now) {
 		t.Error("a chunk of the stream's shape is not read as one")
 	}
 

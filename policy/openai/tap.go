@@ -64,8 +64,8 @@ type Tap struct {
 
 	weight int // token-estimate weight of the output text (see EstimateTextTokens)
 
-	// shape is the last plain chunk read in full: a chat or completion chunk of at most
-	// maxShapeBytes whose only effect on the tap was one choice's text string (delta
+	// shape is the last plain stream chunk read in full: a chat or completion chunk of at
+	// most maxShapeBytes whose only effect on the tap was one choice's text string (delta
 	// content, reasoning or refusal, or a completion's text), which spans
 	// shape[shapeStart:shapeEnd] (its quotes included). A chunk made of the same bytes
 	// around another valid string has the same effect but that string's: the scan's path
@@ -131,15 +131,22 @@ func (t *Tap) Observe(ev Event, now time.Time) {
 	if ev.Data == nil {
 		return
 	}
-	t.Events++
-	if string(ev.Name) == "error" {
-		t.ErrorSeen = true
-	}
+	t.count(ev)
 	if ev.IsDone() {
 		t.Done = true
 		return
 	}
-	t.observe(ev.Data, now)
+	if !t.shaped(ev.Data, now) {
+		t.observe(ev.Data, now, true)
+	}
+}
+
+// count counts an event with data, and an event named error as an error.
+func (t *Tap) count(ev Event) {
+	t.Events++
+	if string(ev.Name) == "error" {
+		t.ErrorSeen = true
+	}
 }
 
 // ObserveChunk is Observe for a stream event the caller relays only if it can be: no data,
@@ -153,12 +160,13 @@ func (t *Tap) ObserveChunk(ev Event, now time.Time) bool {
 		t.Observe(ev, now)
 		return true
 	}
-	saved := *t
-	t.Events++
-	if string(ev.Name) == "error" {
-		t.ErrorSeen = true
+	if t.shaped(ev.Data, now) {
+		t.count(ev) // a shaped chunk is whole: nothing to save for a restore
+		return true
 	}
-	if t.observe(ev.Data, now) || WellFormedChunk(ev.Data) {
+	saved := *t
+	t.count(ev)
+	if t.observe(ev.Data, now, true) || WellFormedChunk(ev.Data) {
 		return true
 	}
 	*t = saved
@@ -170,7 +178,7 @@ func (t *Tap) ObserveChunk(ev Event, now time.Time) bool {
 // event, and as a token event at now if the answer has content.
 func (t *Tap) ObserveBody(body []byte, now time.Time) {
 	t.Events++
-	t.observe(body, now)
+	t.observe(body, now, false)
 }
 
 // ObserveWholeBody is ObserveBody for an answer that must be whole JSON: it reports whether
@@ -180,7 +188,7 @@ func (t *Tap) ObserveBody(body []byte, now time.Time) {
 func (t *Tap) ObserveWholeBody(body []byte, now time.Time) bool {
 	saved := *t
 	t.Events++
-	if t.observe(body, now) {
+	if t.observe(body, now, false) {
 		return true
 	}
 	*t = saved
@@ -331,14 +339,11 @@ func statusKind(raw []byte, esc bool) int {
 // alphabetical order), so what they say is kept and applied at the end.
 //
 // It reports whether data is one whole JSON object (white space around it aside), valid as
-// encoding/json would have it.
-func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
-	if t.shape != "" {
-		if st, ok := t.sameShape(data); ok {
-			t.tokenEvent(st, false, now)
-			return true
-		}
-	}
+// encoding/json would have it. A stream event (not a whole answer) that is plain becomes the
+// tap's shape (see Tap.shape): c.effect marks every member that could change the tap but
+// through a choice's text, those too that change it only beside a Responses "type" (itself
+// marked) or only on a first read (error, response.id): one rule, not a case for each.
+func (t *Tap) observe(data []byte, now time.Time, stream bool) (whole bool) {
 	c := cur{b: data}
 	if c.peek() != '{' {
 		return false
@@ -453,7 +458,7 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 	case rError:
 		t.ErrorSeen = true
 	}
-	if whole && kind == rNone && !isRsp && !output && !c.effect && c.contents == 1 && t.shapes < maxShapes && len(data) <= maxShapeBytes {
+	if stream && whole && !c.effect && c.contents == 1 && t.shapes < maxShapes && len(data) <= maxShapeBytes {
 		t.shape, t.shapeStart, t.shapeEnd = string(data), c.cs, c.ce
 		t.shapes++
 	}
@@ -467,19 +472,24 @@ func (t *Tap) observe(data []byte, now time.Time) (whole bool) {
 	return whole
 }
 
-// sameShape reads data as the tap's shape around another string: the string's text, and
-// whether data is that.
-func (t *Tap) sameShape(data []byte) (st textStats, ok bool) {
+// shaped takes data in at now if it is the tap's shape around another string, reading that
+// string alone; otherwise it reports false and has taken nothing.
+func (t *Tap) shaped(data []byte, now time.Time) bool {
+	if t.shape == "" {
+		return false
+	}
 	s, e := t.shapeStart, t.shapeEnd
 	suffix := t.shape[e:]
 	if len(data) < s+2+len(suffix) || data[s] != '"' || string(data[:s]) != t.shape[:s] {
-		return textStats{}, false
+		return false
 	}
+	var st textStats
 	end, _, msg := scanStringStats(data, s, &st, nil)
 	if msg != "" || string(data[end:]) != suffix {
-		return textStats{}, false
+		return false
 	}
-	return st, true
+	t.tokenEvent(st, false, now)
+	return true
 }
 
 // tokenEvent counts an event's text st (and output: a tool call or embeddings) and, if
@@ -524,10 +534,7 @@ func (t *Tap) choices(c *cur, st *textStats, output *bool) {
 			}
 			var kb [32]byte
 			switch string(keyText(key, esc, kb[:])) {
-			case "delta":
-				t.delta(c, st, output)
-			case "message": // a whole answer's, not a chunk's: no shape
-				c.effect = true
+			case "delta", "message":
 				t.delta(c, st, output)
 			case "text":
 				textStringStats(c, st)

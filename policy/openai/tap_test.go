@@ -738,7 +738,7 @@ func FuzzTapObserveChunk(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}],"usage":{"completion_tokens":1e3}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var tap Tap
-		whole := tap.observe(data, time.Unix(0, 0))
+		whole := tap.observe(data, time.Unix(0, 0), true)
 		if whole && !json.Valid(data) {
 			t.Fatalf("the tap read %q as whole; json.Valid refuses it", data)
 		}
