@@ -18,6 +18,7 @@ import (
 	"github.com/sluicegw/sluice/proxy/alarm"
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/httphead"
+	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
@@ -278,17 +279,22 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	ep.Begin()
 	defer ep.End()
 
-	if lim.try > 0 {
-		var stop context.CancelFunc
-		ctx, stop = context.WithTimeoutCause(ctx, lim.try, errTryTimeout)
-		defer stop()
-	}
-	actx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	// The attempt's scope, made in the request's (ctx), ends at the per-try time-out, by the
+	// watchdog or the relay (cancel), or when the attempt returns. The values are added
+	// first so that the transports get the scope itself: a context made from it (net/http's
+	// Transport, the h1 client's watch) is told of its end without a goroutine.
+	vctx := ctx
 	if lim.connect > 0 {
-		actx = upstream.WithConnectTimeout(actx, lim.connect) // the route's own, else the cluster's pool default
+		vctx = upstream.WithConnectTimeout(vctx, lim.connect) // the route's own, else the cluster's pool default
 	}
-	actx, span := h.srv.tel.StartClient(actx, ex.preq.Kind.Operation(), ex.preq.Model, cand.Cluster, res.endpoint, n)
+	vctx, span := h.srv.tel.StartClient(vctx, ex.preq.Kind.Operation(), ex.preq.Model, cand.Cluster, res.endpoint, n)
+	var try time.Time
+	if lim.try > 0 {
+		try = time.Now().Add(lim.try)
+	}
+	as := scope.New(ctx, vctx, try, errTryTimeout)
+	defer as.Cancel(nil)
+	actx, cancel := context.Context(as), context.CancelCauseFunc(as.Cancel)
 	defer func() {
 		// The attempt's own outcome: a failed attempt's span says why (error.type, status).
 		telemetry.SetGenAIResult(span, telemetry.RequestRecord{
@@ -381,7 +387,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		Host:       u.Host,
 	}).WithContext(ctx)
 	httphead.CopyEndToEnd(out.Header, r.Header)
-	out.Header.Del("Content-Length")
+	delete(out.Header, "Content-Length")
 	for _, k := range neverForwarded {
 		delete(out.Header, k)
 	}
@@ -401,7 +407,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		out.ContentLength = int64(len(body))
 		// The tap needs the bytes as the model server wrote them.
-		out.Header.Del("Accept-Encoding")
+		delete(out.Header, "Accept-Encoding")
 	case r.Body != nil && r.Body != http.NoBody:
 		out.Body = r.Body
 		out.ContentLength = r.ContentLength
@@ -409,10 +415,10 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 
 	out.Header["X-Request-Id"] = ex.idHeader()
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := out.Header.Get("X-Forwarded-For"); prior != "" {
+		if prior := httphead.Get(out.Header, "X-Forwarded-For"); prior != "" {
 			host = prior + ", " + host
 		}
-		out.Header.Set("X-Forwarded-For", host)
+		httphead.Set(out.Header, "X-Forwarded-For", host)
 	}
 	if r.TLS != nil {
 		out.Header["X-Forwarded-Proto"] = protoHTTPS

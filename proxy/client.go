@@ -55,7 +55,7 @@ func (t trust) clientOf(r *http.Request) (client string, known bool) {
 	if !peer.IsValid() || !t.contains(peer) {
 		return peer.String(), true
 	}
-	hasX, hasF := len(r.Header.Values("X-Forwarded-For")) > 0, len(r.Header.Values("Forwarded")) > 0
+	hasX, hasF := len(r.Header["X-Forwarded-For"]) > 0, len(r.Header["Forwarded"]) > 0
 	x, f := xffHops(r.Header), forwardedFor(r.Header)
 	if hasX && hasF && !forwardedAgree(x, f) {
 		return "", false

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
+	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
@@ -54,7 +55,7 @@ func clientSide(c policy.Class) bool {
 
 // causeClass classifies why a context ended.
 func causeClass(ctx context.Context) policy.Class {
-	switch cause := context.Cause(ctx); {
+	switch cause := scope.Cause(ctx); {
 	case errors.Is(cause, errTTFTTimeout):
 		return policy.ClassTTFTTimeout
 	case errors.Is(cause, errIdleTimeout):

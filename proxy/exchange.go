@@ -74,7 +74,7 @@ func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *e
 	}
 	ex.w = w
 	ex.flusher, _ = w.(http.Flusher)
-	ex.id = r.Header.Get("X-Request-Id")
+	ex.id = httphead.Get(r.Header, "X-Request-Id")
 	if ex.id == "" || len(ex.id) > 128 {
 		ex.id = newRequestID()
 	}
@@ -283,9 +283,9 @@ func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	for k, vs := range ex.policyHeader {
 		h[k] = vs
 	}
-	h.Del("Content-Length")
+	delete(h, "Content-Length")
 	h["X-Request-Id"] = ex.idHeader() // ours, even if the upstream answered with its own
-	h.Set("X-Sluice-Upstream", res.cluster)
+	httphead.Set(h, "X-Sluice-Upstream", res.cluster)
 	h["X-Sluice-Attempts"] = attemptsValue(res.attempts)
 	ex.w.WriteHeader(status)
 	ex.committed = true
@@ -438,7 +438,7 @@ func newRequestID() string {
 
 // sessionOf is the request's session: X-Session-ID, else the body's user field.
 func sessionOf(r *http.Request, req *openai.Request) string {
-	if s := r.Header.Get("X-Session-Id"); s != "" {
+	if s := httphead.Get(r.Header, "X-Session-Id"); s != "" {
 		return s
 	}
 	return req.User

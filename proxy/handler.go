@@ -20,7 +20,9 @@ import (
 	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/admin"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/procs"
+	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 )
 
@@ -57,7 +59,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.body = &bodyDeadline{ReadCloser: r.Body, rc: ex.rc}
 		r.Body = ex.body
 	}
-	if o := r.Header.Get("Origin"); st.cors.allows(o) {
+	if o := httphead.Get(r.Header, "Origin"); st.cors.allows(o) {
 		ex.corsOrigin = o
 		setCORS(w.Header(), o)
 	}
@@ -76,7 +78,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// 2. identify: request id, tenant (API key), session, gray flag.
 	preq := &policy.Request{
 		Request: req, ID: ex.id, Header: r.Header, Arrival: ex.start,
-		Session: sessionOf(r, req), GrayFlag: r.Header.Get("X-Gray-Flag"),
+		Session: sessionOf(r, req), GrayFlag: httphead.Get(r.Header, "X-Gray-Flag"),
 	}
 	preq.Client, preq.ClientKnown = st.trust.clientOf(r)
 	if st.tenants != nil {
@@ -115,12 +117,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tel.InFlight(ctx, rt.Name, 1)
 	defer tel.InFlight(ctx, rt.Name, -1)
 
-	// Total time-out for the whole request, retries included.
+	// The request's scope, which the total time-out ends (the whole request, retries
+	// included); each attempt's scope is made in it. It ends with the client's request
+	// (r.Context()) and serves ctx's values (the incoming trace context).
+	var total time.Time
 	if t := rt.Timeouts.Total.D(); t > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, t, errTotalTimeout)
-		defer cancel()
+		total = time.Now().Add(t)
 	}
+	rs := scope.New(r.Context(), ctx, total, errTotalTimeout)
+	defer rs.Cancel(nil)
+	ctx = rs
 
 	// 4. admit: the route's policy chain (rate limits, guard, concurrency) in order.
 	adm := h.admit(ctx, st, ex, preq)
@@ -206,7 +212,7 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 	if !kind.HasModel() {
 		return &openai.Request{Kind: kind}, nil
 	}
-	if !jsonContentType(r.Header.Get("Content-Type")) {
+	if !jsonContentType(httphead.Get(r.Header, "Content-Type")) {
 		// Browsers send text/plain and form bodies without asking (a "simple request"): a
 		// page must not be able to make a visitor's browser call the API.
 		return nil, policy.Fail(policy.ClassUnsupportedType,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/openai"
+	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
@@ -494,7 +495,7 @@ func protocolError(err error) *policy.Failure {
 // a streaming request. wantJSON: the body must also be whole JSON (the JSON endpoints), which
 // the caller checks with the tap's scan. The failure is nil when the head is as promised.
 func unpromisedBody(req *openai.Request, resp *http.Response) (f *policy.Failure, wantJSON bool) {
-	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+	if ce := httphead.Get(resp.Header, "Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return malformedAnswer("Content-Encoding " + truncate(ce, 40) + ", which was not asked for"), false
 	}
 	if req == nil || !req.Kind.HasModel() {

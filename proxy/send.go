@@ -8,6 +8,7 @@ import (
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/config"
+	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
 // The send step (8 in the picture) is one way out to a model server, for the request's
@@ -65,7 +66,7 @@ func send(ctx context.Context, at *fault.Attempt, cl *clusterState, out *http.Re
 			return nil, false, err
 		}
 	}
-	sse = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	sse = strings.HasPrefix(httphead.Get(resp.Header, "Content-Type"), "text/event-stream")
 	if resp.StatusCode < 300 {
 		resp.Body = at.WrapUpstream(ctx, resp.Body, sse)
 	}

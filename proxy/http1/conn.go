@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicegw/sluice/proxy/alarm"
 	"github.com/sluicegw/sluice/proxy/httphead"
+	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/proxy/socket"
 )
 
@@ -41,7 +42,7 @@ type conn struct {
 	watchDone chan struct{}
 	armed     bool
 	reqDone   bool
-	cancel    context.CancelCauseFunc
+	req       *scope.Scope // the request's context: cancelled with ErrClientGone
 	aborting  atomic.Bool
 }
 
@@ -67,10 +68,14 @@ func (c *conn) serve() {
 		putWriter(c.bw)
 		s.connsWG.Done()
 	}()
-	base := s.BaseContext
-	if base == nil {
-		base = context.Background()
+	parent := s.BaseContext
+	if parent == nil {
+		parent = context.Background()
 	}
+	// The connection's scope, in which each request's is made (listed there: no map, channel
+	// or closure a request).
+	base := scope.New(parent, nil, time.Time{}, nil)
+	defer base.Cancel(context.Canceled)
 	for first := true; ; first = false {
 		wait := s.IdleTimeout
 		if first || wait == 0 {
@@ -122,9 +127,9 @@ func (c *conn) readHead() (*http.Request, int, error) {
 
 // serveRequest runs the handler on req and finishes its answer; false when the connection
 // must close.
-func (c *conn) serveRequest(base context.Context, req *http.Request) (keep bool) {
-	ctx, cancel := context.WithCancelCause(base)
-	defer cancel(context.Canceled)
+func (c *conn) serveRequest(base *scope.Scope, req *http.Request) (keep bool) {
+	ctx := scope.New(base, nil, time.Time{}, nil)
+	defer ctx.Cancel(context.Canceled)
 	req.RemoteAddr = c.remote
 	var b *body // a new one each request: a transport may still read the last one
 	if req.ContentLength > 0 {
@@ -134,7 +139,7 @@ func (c *conn) serveRequest(base context.Context, req *http.Request) (keep bool)
 	req = req.WithContext(ctx)
 	c.resp.reset(c, req)
 	c.wmu.Lock()
-	c.cancel, c.reqDone, c.armed = cancel, false, false
+	c.req, c.reqDone, c.armed = ctx, false, false
 	c.wmu.Unlock()
 	if b == nil {
 		c.arm()
@@ -214,9 +219,9 @@ func (c *conn) watchConn() {
 		return
 	}
 	c.wmu.Lock()
-	cancel := c.cancel
+	req := c.req
 	c.wmu.Unlock()
-	cancel(ErrClientGone)
+	req.Cancel(ErrClientGone)
 }
 
 func isTimeout(err error) bool {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluicegw/sluice/proxy/scope"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -323,7 +325,7 @@ func TestClientGone(t *testing.T) {
 		close(started)
 		select {
 		case <-r.Context().Done():
-			cause <- context.Cause(r.Context())
+			cause <- scope.Cause(r.Context()) // a Scope: context.Cause gives its Err
 		case <-time.After(5 * time.Second):
 			cause <- errors.New("never cancelled")
 		}

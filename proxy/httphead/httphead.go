@@ -204,3 +204,16 @@ func (b *Body) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// Get is h.Get(key) for a key in canonical form (a name the caller spells canonically, as
+// every name in a header this package or net/http parsed is): one map lookup, where
+// http.Header.Get canonicalizes the key first on every call.
+func Get(h http.Header, key string) string {
+	if vv := h[key]; len(vv) > 0 {
+		return vv[0]
+	}
+	return ""
+}
+
+// Set is h.Set(key, value) for a key in canonical form.
+func Set(h http.Header, key, value string) { h[key] = []string{value} }

@@ -3,11 +3,14 @@ package telemetry
 import (
 	"context"
 	"net/http"
+	"net/textproto"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
 // StartServer starts the server span of an incoming request, child of the
@@ -20,7 +23,7 @@ import (
 // (if any) and a non-recording span: ending or renaming it does nothing, and
 // Inject on that context forwards the incoming traceparent unchanged.
 func (t *Telemetry) StartServer(ctx context.Context, r *http.Request, route string) (context.Context, trace.Span) {
-	ctx = t.prop.Extract(ctx, propagation.HeaderCarrier(r.Header))
+	ctx = t.prop.Extract(ctx, headerCarrier(r.Header))
 	if !t.tracing {
 		return ctx, trace.SpanFromContext(ctx)
 	}
@@ -128,9 +131,37 @@ func (t *Telemetry) StartClient(ctx context.Context, operation, model, cluster, 
 // context holds the incoming span context, so the incoming traceparent is
 // propagated unchanged; with no incoming one, nothing is written.
 func (t *Telemetry) Inject(ctx context.Context, h http.Header) {
-	h.Del("Traceparent")
-	h.Del("Tracestate")
-	t.prop.Inject(ctx, propagation.HeaderCarrier(h))
+	delete(h, "Traceparent")
+	delete(h, "Tracestate")
+	t.prop.Inject(ctx, headerCarrier(h))
+}
+
+// headerCarrier is propagation.HeaderCarrier for the W3C trace context's own keys without
+// canonicalizing them on every request: the propagator asks for "traceparent" and
+// "tracestate", which http.Header.Get canonicalizes (and, not being among net/textproto's
+// common names, allocates) on each call. Other keys go through the canonicalization.
+type headerCarrier http.Header
+
+func (c headerCarrier) Get(key string) string {
+	return httphead.Get(http.Header(c), canonicalKey(key))
+}
+
+func (c headerCarrier) Set(key, value string) {
+	httphead.Set(http.Header(c), canonicalKey(key), value)
+}
+
+func (c headerCarrier) Keys() []string { return propagation.HeaderCarrier(c).Keys() }
+
+func canonicalKey(key string) string {
+	switch key {
+	case "traceparent":
+		return "Traceparent"
+	case "tracestate":
+		return "Tracestate"
+	case "baggage":
+		return "Baggage"
+	}
+	return textproto.CanonicalMIMEHeaderKey(key)
 }
 
 // callerFault lists the error classes caused by the caller, not by Sluice or

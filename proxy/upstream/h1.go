@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/proxy/socket"
 )
 
@@ -28,8 +29,9 @@ import (
 // every request, answer and body read between them and the caller; for a gateway whose
 // requests are small and whose answers are streamed event by event, those hand-offs are most
 // of its CPU per request. h1 has none: a request is one buffered write and the answer is
-// parsed from the connection's reader as the relay reads it. Cancellation closes the
-// connection (context.AfterFunc, which costs a goroutine only when it fires).
+// parsed from the connection's reader as the relay reads it. Cancellation unblocks the
+// connection (scope.AfterFunc: the attempt's Scope runs it as it ends; on another context,
+// context.AfterFunc, which costs a goroutine only when it fires).
 //
 // It serves what the gateway sends: http:// URLs, bodies that are absent or replayable
 // (GetBody), no Expect or Upgrade. Anything else (https, HTTP/2, a pass-through body that
@@ -168,7 +170,7 @@ func dialAddr(u *url.URL) string {
 // connection that failed before any byte of an answer arrived and that req may go again.
 func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.Response, bool, error) {
 	b := &h1Body{t: t, c: c}
-	stop := context.AfterFunc(ctx, func() {
+	stop := scope.AfterFunc(ctx, func() { // on the cancelling goroutine for a Scope: must not block
 		b.cancelled.Store(true)
 		_ = c.c.SetDeadline(longAgo)
 	})

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -177,5 +178,42 @@ func TestModelsThroughClient(t *testing.T) {
 	})
 	if err != nil || resp.Model != "served" {
 		t.Fatalf("rewritten model: %v", err)
+	}
+}
+
+// TestTimeoutsBeforeTheFirstByte: a model server slower than a time-out, with the official
+// client: the per-try time-out ends each attempt (the retry runs, then the answer is its
+// 504), the total time-out ends the request, the TTFT time-out the attempt; each answer
+// names its own class, and the simulator sees every attempt cancelled (nothing left running
+// upstream).
+func TestTimeoutsBeforeTheFirstByte(t *testing.T) {
+	for _, tc := range []struct {
+		name, route string
+		code        string
+		attempts    int64
+	}{
+		{"per try", "    retry: {attempts: 2, per_try_timeout: 150ms, backoff_base: 10ms, budget: 1, min_retries_per_second: 100}\n", "per_try_timeout", 2},
+		{"total", "    timeouts: {total: 200ms}\n", "timeout", 1},
+		{"ttft", "    timeouts: {ttft: 150ms}\n    retry: {attempts: 1}\n", "ttft_timeout", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startSim(t, sim.Config{TTFT: 3 * time.Second})
+			g := startGateway(t, oneRoute("", tc.route, s.URL))
+			client := newClient(t, g.addr)
+			start := time.Now()
+			_, err := client.Chat.Completions.New(testCtx(t), chatParams(8))
+			took := time.Since(start)
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusGatewayTimeout || apiErr.Code != tc.code {
+				t.Fatalf("%v, want a 504 with code %s", err, tc.code)
+			}
+			if took > 2*time.Second {
+				t.Errorf("answered after %v: the time-out did not end the wait", took)
+			}
+			eventually(t, 5*time.Second, "every attempt cancelled upstream", func() bool {
+				st := s.Stats()
+				return st.Requests == tc.attempts && st.Cancelled == tc.attempts
+			})
+		})
 	}
 }
