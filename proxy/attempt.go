@@ -294,7 +294,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	}
 	as := scope.New(ctx, vctx, try, errTryTimeout)
 	defer as.Cancel(nil)
-	actx, cancel := context.Context(as), context.CancelCauseFunc(as.Cancel)
+	actx := context.Context(as)
 	defer func() {
 		// The attempt's own outcome: a failed attempt's span says why (error.type, status).
 		telemetry.SetGenAIResult(span, telemetry.RequestRecord{
@@ -317,7 +317,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		}
 	}()
 
-	wd := startWatchdog(lim.ttft, lim.idle, cancel)
+	wd := startWatchdog(lim.ttft, lim.idle, as)
 	defer wd.stop()
 	sent := time.Now()
 	if ex.carryTap != nil {
@@ -357,7 +357,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	}
 	defer resp.Body.Close()
 	if sse && resp.StatusCode < 300 {
-		h.relayStream(actx, cancel, ex, resp, wd, ep, &res)
+		h.relayStream(actx, as, ex, resp, wd, ep, &res)
 	} else {
 		h.relayBody(actx, ex, resp, wd, ep, &res)
 	}
@@ -449,10 +449,14 @@ type watchdog struct {
 	t       *alarm.Alarm
 	idle    time.Duration
 	started atomic.Bool
-	cancel  context.CancelCauseFunc
+	cancel  ender
 }
 
-func startWatchdog(ttft, idle time.Duration, cancel context.CancelCauseFunc) *watchdog {
+// ender ends an attempt with a cause: the attempt's *scope.Scope (an interface, not its
+// Cancel method as a func value, which would be an allocation an attempt).
+type ender interface{ Cancel(cause error) }
+
+func startWatchdog(ttft, idle time.Duration, cancel ender) *watchdog {
 	w := &watchdog{idle: idle, cancel: cancel}
 	if ttft > 0 {
 		w.t = alarm.After(ttft, w.fire)
@@ -462,9 +466,9 @@ func startWatchdog(ttft, idle time.Duration, cancel context.CancelCauseFunc) *wa
 
 func (w *watchdog) fire() {
 	if w.started.Load() {
-		w.cancel(errIdleTimeout)
+		w.cancel.Cancel(errIdleTimeout)
 	} else {
-		w.cancel(errTTFTTimeout)
+		w.cancel.Cancel(errTTFTTimeout)
 	}
 }
 

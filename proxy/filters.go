@@ -119,8 +119,8 @@ func watchEvent(ws []policy.StreamWatcher, ev openai.Event) (raw []byte, replace
 // cutStream ends a stream on a filter's word: the upstream request is cancelled, the client
 // gets the filter's tail (a whole end of stream) and the attempt is not a failure; the
 // request's Outcome carries the filter's class.
-func (h *Handler) cutStream(cancel func(error), ex *exchange, cut *policy.StreamCut, ep *upstream.Endpoint, res *result) {
-	cancel(errFilterCut)
+func (h *Handler) cutStream(cancel ender, ex *exchange, cut *policy.StreamCut, ep *upstream.Endpoint, res *result) {
+	cancel.Cancel(errFilterCut)
 	if len(cut.Tail) > 0 {
 		if _, err := ex.w.Write(cut.Tail); err != nil {
 			res.failWith(writeFailed(err))

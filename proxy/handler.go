@@ -56,7 +56,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// lifted once the body is read (the server then watches the connection for the
 		// client going away, which a deadline would fake).
 		_ = ex.rc.SetReadDeadline(ex.start.Add(d))
-		ex.body = &bodyDeadline{ReadCloser: r.Body, rc: ex.rc}
+		ex.bodyv = bodyDeadline{ReadCloser: r.Body, rc: ex.rc}
+		ex.body = &ex.bodyv
 		r.Body = ex.body
 	}
 	if o := httphead.Get(r.Header, "Origin"); st.cors.allows(o) {
@@ -218,7 +219,7 @@ func (h *Handler) parse(w http.ResponseWriter, r *http.Request, kind openai.Kind
 		return nil, policy.Fail(policy.ClassUnsupportedType,
 			"the request body must be JSON: send Content-Type: application/json")
 	}
-	body, err := openai.ReadBody(r.Body, int64(st.snap.Config.MaxBodyBytes))
+	body, err := openai.ReadBodySized(r.Body, int64(st.snap.Config.MaxBodyBytes), r.ContentLength)
 	if err != nil {
 		var oe *openai.Error
 		if errors.As(err, &oe) {

@@ -185,7 +185,7 @@ func TestPolicyTypeViews(t *testing.T) {
 		}
 	}
 	for typ, want := range map[string]string{
-		"guard":       "[admitter observer admin_view metrics tenant_reset]",
+		"guard":       "[admitter admin_view metrics tenant_reset]",
 		"ratelimit":   "[admitter admin_view metrics closer]",
 		"concurrency": "[admitter admin_view metrics]",
 	} {

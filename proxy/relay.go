@@ -116,7 +116,7 @@ func firstEvent(rd *openai.Reader) (ev openai.Event, held []byte, err error) {
 // of Sluice's own), unless the stream is resumed elsewhere. A stream whose every choice
 // reported its finish_reason is complete even if the connection breaks before [DONE]: the
 // client gets the [DONE] it expects.
-func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFunc, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
+func (h *Handler) relayStream(ctx context.Context, cancel ender, ex *exchange, resp *http.Response, wd *watchdog, ep *upstream.Endpoint, res *result) {
 	rd := openai.NewReader(resp.Body, int(h.srv.state.Load().snap.Config.MaxEventBytes))
 	tap := &res.tap
 
@@ -160,7 +160,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			ex.sse = true
 			if len(held) > 0 {
 				if _, werr := ex.w.Write(held); werr != nil {
-					cancel(errClientWrite)
+					cancel.Cancel(errClientWrite)
 					res.failWith(writeFailed(werr))
 					return
 				}
@@ -187,7 +187,7 @@ func (h *Handler) relayStream(ctx context.Context, cancel context.CancelCauseFun
 			if len(raw) == 0 {
 				// dropped by a stream filter
 			} else if _, werr := ex.w.Write(raw); werr != nil {
-				cancel(errClientWrite)
+				cancel.Cancel(errClientWrite)
 				res.failWith(writeFailed(werr))
 				return
 			}

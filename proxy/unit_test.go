@@ -34,6 +34,11 @@ func headersEqual(a, b http.Header) bool {
 	return true
 }
 
+// causeFunc is a standard cancel function as the watchdog's ender.
+type causeFunc context.CancelCauseFunc
+
+func (f causeFunc) Cancel(cause error) { f(cause) }
+
 // waitCause waits (boundedly) for ctx to end and returns its cause.
 func waitCause(t *testing.T, ctx context.Context) error {
 	t.Helper()
@@ -51,7 +56,7 @@ func TestWatchdog(t *testing.T) {
 	t.Run("no first byte is a TTFT time-out", func(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
-		wd := startWatchdog(d, time.Hour, cancel)
+		wd := startWatchdog(d, time.Hour, causeFunc(cancel))
 		defer wd.stop()
 		if got := waitCause(t, ctx); !errors.Is(got, errTTFTTimeout) {
 			t.Fatalf("cause = %v, want errTTFTTimeout", got)
@@ -63,7 +68,7 @@ func TestWatchdog(t *testing.T) {
 	t.Run("silence after a beat is an idle time-out", func(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
-		wd := startWatchdog(time.Hour, d, cancel)
+		wd := startWatchdog(time.Hour, d, causeFunc(cancel))
 		defer wd.stop()
 		wd.beat()
 		if got := waitCause(t, ctx); !errors.Is(got, errIdleTimeout) {
@@ -76,7 +81,7 @@ func TestWatchdog(t *testing.T) {
 	t.Run("idle time-out without a TTFT time-out", func(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
-		wd := startWatchdog(0, d, cancel)
+		wd := startWatchdog(0, d, causeFunc(cancel))
 		defer wd.stop()
 		wd.beat()
 		if got := waitCause(t, ctx); !errors.Is(got, errIdleTimeout) {
@@ -87,7 +92,7 @@ func TestWatchdog(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
 		// Beats every 5ms against a 1s idle time-out: nothing fires however slow the machine.
-		wd := startWatchdog(time.Second, time.Second, cancel)
+		wd := startWatchdog(time.Second, time.Second, causeFunc(cancel))
 		for range 20 {
 			wd.beat()
 			time.Sleep(5 * time.Millisecond)
@@ -107,7 +112,7 @@ func TestWatchdog(t *testing.T) {
 			{"beat with idle 0", 0, func(w *watchdog) { w.beat() }},
 		} {
 			ctx, cancel := context.WithCancelCause(context.Background())
-			wd := startWatchdog(d, tc.idle, cancel)
+			wd := startWatchdog(d, tc.idle, causeFunc(cancel))
 			tc.run(wd)
 			time.Sleep(5 * d)
 			if ctx.Err() != nil {
@@ -120,7 +125,7 @@ func TestWatchdog(t *testing.T) {
 	t.Run("zero time-outs never fire", func(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
-		wd := startWatchdog(0, 0, cancel)
+		wd := startWatchdog(0, 0, causeFunc(cancel))
 		wd.beat()
 		wd.beat()
 		wd.stop()
@@ -234,7 +239,7 @@ func TestReadBounded(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
-			wd := startWatchdog(0, time.Hour, cancel)
+			wd := startWatchdog(0, time.Hour, causeFunc(cancel))
 			defer wd.stop()
 			var res result
 			body, complete, err := readBounded(tt.r, tt.limit, 0, nil, wd, &res)

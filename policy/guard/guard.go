@@ -1,5 +1,4 @@
-// Package guard is the prompt-explosion guard: a policy.Admitter and policy.Observer that
-// rejects requests whose size or shape would starve everyone else on the model server,
+// Package guard is the prompt-explosion guard: a policy.Admitter that rejects requests whose size or shape would starve everyone else on the model server,
 // isolates the tenants that send them with per-(route, tenant) circuit breakers, and degrades
 // a route in stages when explosions or load pile up. It is registered as policy type "guard".
 // It offers the gateway its breakers and level as its admin view (policy.Viewer), its counters
@@ -62,8 +61,9 @@
 // its tenant's breaker as an explosion does: the tenant whose prompts send the model into
 // loops is isolated like one that sends oversized prompts. It feeds no baseline.
 //
-// Settling: every admitted request must be settled once, through Decision.Done or Observe,
-// whichever comes first (the other is then a no-op). Settling releases the in-flight count,
+// Settling: every admitted request must be settled once, through Decision.Done (a second call
+// is a no-op; the gateway calls it for every admitted request, rejected later or not, as the
+// policy contract says). Settling releases the in-flight count,
 // reports to the tenant's breaker and feeds the baseline. A request never settled leaves its
 // breaker with a request in flight (a half-open breaker waits for its probes).
 //
@@ -135,8 +135,6 @@ type Guard struct {
 	deg        degrader
 	inflight   atomic.Int64
 	priorities atomic.Pointer[map[string]int]
-
-	tickets sync.Map // *policy.Request -> *ticket
 
 	admitted, rerouted, capped, exact, exactSkipped, runaways atomic.Uint64
 	rejected                                                  [len(codesArr)]atomic.Uint64
@@ -439,7 +437,7 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 
 	g.admitted.Add(1)
 	g.inflight.Add(1)
-	t := &ticket{g: g, req: r, done: done, base: bk, tokens: tokens, feed: reroute == ""}
+	t := &ticket{g: g, done: done, base: bk, tokens: tokens, feed: reroute == ""}
 	dec := policy.Decision{Done: t.settle, Reroute: reroute, CapMaxTokens: capTo}
 	if reroute != "" {
 		g.rerouted.Add(1)
@@ -447,7 +445,6 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 	if capTo > 0 {
 		g.capped.Add(1)
 	}
-	g.tickets.Store(r, t)
 	return dec, nil
 }
 
@@ -620,7 +617,6 @@ func near(tokens, limit int, margin float64) bool {
 // ticket is an admitted request until it is settled.
 type ticket struct {
 	g       *Guard
-	req     *policy.Request
 	done    func(error)
 	base    baseKey // the baseline its prompt feeds
 	tokens  int
@@ -628,13 +624,12 @@ type ticket struct {
 	settled atomic.Bool
 }
 
-// settle is the request's Decision.Done; Observe calls it too. Only the first call counts.
+// settle is the request's Decision.Done. Only the first call counts.
 func (t *ticket) settle(o policy.Outcome) {
 	if !t.settled.CompareAndSwap(false, true) {
 		return
 	}
 	g := t.g
-	g.tickets.CompareAndDelete(t.req, t)
 	g.inflight.Add(-1)
 	ok := o.Status >= 200 && o.Status < 300 && o.ErrorClass == ""
 	runaway := isRunaway(o)
@@ -662,14 +657,6 @@ func (t *ticket) settle(o policy.Outcome) {
 // (ErrorClass) or flagged it (Flags).
 func isRunaway(o policy.Outcome) bool {
 	return o.ErrorClass == policy.ClassRunaway || slices.Contains(o.Flags, policy.ClassRunaway)
-}
-
-// Observe settles a request this guard admitted (a no-op for any other request, and for one
-// already settled through Decision.Done).
-func (g *Guard) Observe(_ context.Context, r *policy.Request, o policy.Outcome) {
-	if v, ok := g.tickets.Load(r); ok {
-		v.(*ticket).settle(o)
-	}
 }
 
 // Stats are the guard's counters since it was built.

@@ -1,7 +1,6 @@
 package guard
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -448,7 +447,7 @@ func TestEncoderConcurrent(t *testing.T) {
 	}
 }
 
-func TestObserveSettlesOnce(t *testing.T) {
+func TestDoneSettlesOnce(t *testing.T) {
 	clk := newClock()
 	g := newGuard(t, Params{}, clk)
 	r := chat(t, "a", 0, "hi")
@@ -456,17 +455,14 @@ func TestObserveSettlesOnce(t *testing.T) {
 	if g.Stats().InFlight != 1 {
 		t.Fatal("not in flight")
 	}
-	g.Observe(context.Background(), r, ok200)
 	d.Done(ok200)
-	g.Observe(context.Background(), r, ok200)
+	d.Done(ok200)
 	if s := g.Stats(); s.InFlight != 0 || s.Admitted != 1 {
 		t.Fatalf("stats %+v", s)
 	}
 	if _, n := baselineOf(g, "a", clk.Now()); n != 1 {
 		t.Fatalf("baseline fed %d times, want 1", n)
 	}
-	// A request the guard never admitted: a no-op.
-	g.Observe(context.Background(), chat(t, "a", 0, "x"), ok200)
 	// Requests the guard does not inspect pass untouched.
 	other := &policy.Request{Request: &openai.Request{Kind: openai.KindModels}}
 	if d := admit(t, g, other); d.Reject != nil || d.Done != nil {
@@ -525,7 +521,6 @@ func TestRegistry(t *testing.T) {
 		t.Fatalf("built %T", p)
 	}
 	var _ policy.Admitter = g
-	var _ policy.Observer = g
 	gp := g.Params()
 	if gp.MaxDepth != 3 || gp.MaxPromptTokens != 32000 || gp.SurgeWindow.D() != 2*time.Minute ||
 		gp.Breaker.OpenFor.D() != 10*time.Second || gp.Breaker.MinRequests != 20 || gp.SurgeFactor != 3 ||
@@ -589,7 +584,7 @@ func TestConcurrentUse(t *testing.T) {
 				d := admit(t, g, r)
 				if d.Reject == nil {
 					if i%2 == 0 {
-						g.Observe(context.Background(), r, ok200)
+						d.Done(ok200) // twice: the second is a no-op
 					}
 					d.Done(ok200)
 				}

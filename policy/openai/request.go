@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 )
@@ -65,26 +66,47 @@ type Request struct {
 // most limit+1 bytes; a longer body is a 413 *Error with code "request_too_large". A
 // *http.MaxBytesError from r (http.MaxBytesReader) is mapped the same way. Other read errors
 // are returned as they are.
-func ReadBody(r io.Reader, limit int64) ([]byte, error) {
-	if limit <= 0 {
-		b, err := io.ReadAll(r)
+func ReadBody(r io.Reader, limit int64) ([]byte, error) { return ReadBodySized(r, limit, -1) }
+
+// sizedBodyMax bounds the buffer ReadBodySized makes before any byte arrived: a client's
+// Content-Length is a claim, and a larger body is grown into as it arrives.
+const sizedBodyMax = 64 << 10
+
+// ReadBodySized is ReadBody for a body whose length the request states (size; -1: not
+// stated): the buffer is made at that size (up to sizedBodyMax) at once, one allocation
+// where io.ReadAll starts at 512 bytes and copies as it doubles.
+func ReadBodySized(r io.Reader, limit, size int64) ([]byte, error) {
+	most := int64(math.MaxInt64) // the most bytes read: limit+1 tells a longer body
+	if limit > 0 && limit < math.MaxInt64 {
+		most = limit + 1
+	}
+	initial := int64(512)
+	if size >= 0 {
+		initial = size + 1 // the read that sees the end needs room
+	}
+	buf := make([]byte, 0, min(initial, sizedBodyMax, most))
+	for {
+		if int64(len(buf)) >= most {
+			if limit > 0 {
+				return nil, tooLarge(limit)
+			}
+			return buf, nil
+		}
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(int64(cap(buf)), most-int64(cap(buf)))))
+		}
+		n, err := r.Read(buf[len(buf):int(min(int64(cap(buf)), most))])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			if limit > 0 && int64(len(buf)) > limit {
+				return nil, tooLarge(limit)
+			}
+			return buf, nil
+		}
 		if err != nil {
 			return nil, mapReadErr(err)
 		}
-		return b, nil
 	}
-	n := limit
-	if n < math.MaxInt64 {
-		n++
-	}
-	b, err := io.ReadAll(io.LimitReader(r, n))
-	if err != nil {
-		return nil, mapReadErr(err)
-	}
-	if int64(len(b)) > limit {
-		return nil, tooLarge(limit)
-	}
-	return b, nil
 }
 
 func mapReadErr(err error) error {

@@ -860,6 +860,55 @@ func TestReadBody(t *testing.T) {
 	}
 }
 
+// TestReadBodySized: a stated length sizes the buffer, whatever the length says: the body
+// read is the body sent (a short or long claim included), the limit holds, a claim larger
+// than the body makes no buffer beyond sizedBodyMax, and an exact claim is one allocation.
+func TestReadBodySized(t *testing.T) {
+	body := strings.Repeat("y", 3000)
+	for _, tt := range []struct {
+		name        string
+		size, limit int64
+		ok          bool
+	}{
+		{"exact", 3000, 0, true},
+		{"exact at the limit", 3000, 3000, true},
+		{"exact over the limit", 3000, 2999, false},
+		{"claimed short", 10, 0, true},
+		{"claimed short over the limit", 10, 2000, false},
+		{"claimed long", 1 << 30, 0, true},
+		{"claimed long under the limit", 1 << 30, 4000, true},
+		{"claimed zero", 0, 5000, true},
+		{"not stated", -1, 5000, true},
+		{"not stated over the limit", -1, 100, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, r := range []io.Reader{strings.NewReader(body), iotest.OneByteReader(strings.NewReader(body)), iotest.DataErrReader(strings.NewReader(body))} {
+				b, err := ReadBodySized(r, tt.limit, tt.size)
+				if tt.ok {
+					if err != nil || string(b) != body {
+						t.Fatalf("%T: got %d bytes, %v", r, len(b), err)
+					}
+					if cap(b) > sizedBodyMax+len(body) {
+						t.Errorf("%T: a buffer of %d bytes for %d", r, cap(b), len(body))
+					}
+					continue
+				}
+				var e *Error
+				if !errors.As(err, &e) || e.Status != http.StatusRequestEntityTooLarge {
+					t.Fatalf("%T: got %v, want a 413", r, err)
+				}
+			}
+		})
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := ReadBodySized(strings.NewReader(body), 1<<20, int64(len(body))); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 2 { // the buffer, and the strings.Reader
+		t.Errorf("%.0f allocations reading a body of stated length, want the buffer alone", n)
+	}
+}
+
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
 type countingReader struct {

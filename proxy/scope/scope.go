@@ -12,7 +12,7 @@
 // is listed in its parent's intrusive list (no allocation), makes its Done channel only when
 // Done is called (a select on it; nothing on the own HTTP/1.1 path does), keeps its deadline
 // on the shared alarm wheel (proxy/alarm: up to alarm.Grain late), and runs the functions
-// registered with AfterFunc on the goroutine that ends it.
+// registered with AfterFunc, or with a Hook the caller holds, on the goroutine that ends it.
 //
 // A Scope works with the standard library both ways: made in any other context, it watches
 // that context with context.AfterFunc; a context made from a Scope (context.WithCancel,
@@ -325,6 +325,49 @@ func (s *Scope) AfterFunc(f func()) (stop func() bool) {
 	}
 }
 
+// Hook is a function to run when a context ends, held in its caller's memory: watching a
+// Scope with it costs no allocation (AfterFunc's entry and stop function are two). A Hook
+// watches one context at a time; its zero value is ready.
+type Hook struct {
+	n    node
+	s    *Scope
+	stop func() bool // the watch of a context that is not a Scope
+}
+
+// Watch arranges for f to run when ctx ends, as AfterFunc does: listed in ctx when it is a
+// Scope (f then runs on the goroutine that ends it and must not block), else with
+// context.AfterFunc. h must not be watching (Stop it first).
+func (h *Hook) Watch(ctx context.Context, f func()) {
+	s, ok := ctx.(*Scope)
+	if !ok {
+		h.s, h.stop = nil, context.AfterFunc(ctx, f)
+		return
+	}
+	h.s, h.stop, h.n = s, nil, node{f: f}
+	s.mu.Lock()
+	if s.state.Load() != live {
+		s.mu.Unlock()
+		go f()
+		return
+	}
+	s.push(&h.n)
+	s.mu.Unlock()
+}
+
+// Stop ends the watch: it reports whether it stopped the function from running (false when
+// it ran, is running, or the Hook was not watching).
+func (h *Hook) Stop() bool {
+	if s := h.s; s != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.unlink(&h.n)
+	}
+	if h.stop != nil {
+		return h.stop()
+	}
+	return false
+}
+
 // String names the Scope for debugging output.
 func (s *Scope) String() string {
 	switch s.state.Load() {
@@ -344,14 +387,4 @@ func Cause(ctx context.Context) error {
 		}
 	}
 	return context.Cause(ctx)
-}
-
-// AfterFunc is context.AfterFunc, through the context's own AfterFunc when it has one (a
-// Scope's: no goroutine, no allocation of a context) — f then runs on the goroutine that
-// ends ctx and must not block.
-func AfterFunc(ctx context.Context, f func()) (stop func() bool) {
-	if a, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
-		return a.AfterFunc(f)
-	}
-	return context.AfterFunc(ctx, f)
 }

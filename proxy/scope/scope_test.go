@@ -316,22 +316,61 @@ func TestAfterFunc(t *testing.T) {
 	}
 	// After the end: at once, in a goroutine of its own.
 	done := make(chan struct{})
-	stop = AfterFunc(s, func() { close(done) })
+	stop = s.AfterFunc(func() { close(done) })
 	<-done
 	if stop() {
 		t.Error("stop after the function ran reports true")
 	}
-	// The package's AfterFunc on a context without one is context.AfterFunc.
-	p, cancel := context.WithCancel(context.Background())
-	done2 := make(chan struct{})
-	AfterFunc(p, func() { close(done2) })
-	cancel()
-	ended(t, p)
-	select {
-	case <-done2:
-	case <-time.After(2 * time.Second):
-		t.Fatal("AfterFunc on a standard context did not run")
+}
+
+// TestHook: a Hook watches a Scope without allocating, runs its function on the ending
+// goroutine, and is stopped like AfterFunc's; on a standard context it is context.AfterFunc;
+// on an ended Scope it runs at once in a goroutine of its own.
+func TestHook(t *testing.T) {
+	s := New(context.Background(), nil, time.Time{}, nil)
+	var h Hook
+	ran := 0
+	f := func() { ran++ }
+	if n := testing.AllocsPerRun(100, func() {
+		h.Watch(s, f)
+		if !h.Stop() || h.Stop() {
+			t.Fatal("Stop: want true once, then false")
+		}
+	}); n != 0 {
+		t.Errorf("%.0f allocations to watch a Scope with a Hook", n)
 	}
+	h.Watch(s, f)
+	s.Cancel(errA)
+	if ran != 1 {
+		t.Fatalf("ran %d times at the end, want once", ran)
+	}
+	if h.Stop() {
+		t.Error("Stop after the function ran reports true")
+	}
+	done := make(chan struct{})
+	h.Watch(s, func() { close(done) })
+	ended(t, channelContext(done))
+
+	p, cancel := context.WithCancel(context.Background())
+	var h2 Hook
+	done2 := make(chan struct{})
+	h2.Watch(p, func() { close(done2) })
+	cancel()
+	ended(t, channelContext(done2))
+	if h2.Stop() {
+		t.Error("Stop after the function ran reports true (standard context)")
+	}
+	var idle Hook
+	if idle.Stop() {
+		t.Error("Stop of a Hook that never watched reports true")
+	}
+}
+
+// channelContext ends when c is closed (for ended).
+func channelContext(c chan struct{}) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-c; cancel() }()
+	return ctx
 }
 
 // TestListsStayEmpty: a long-lived Scope (a connection's) in which many short ones are made
@@ -444,13 +483,14 @@ func BenchmarkScopeChain(b *testing.B) {
 	conn := New(base, nil, time.Time{}, nil)
 	defer conn.Cancel(nil)
 	f := func() {}
+	var h Hook
 	b.ReportAllocs()
 	for b.Loop() {
 		req := New(conn, nil, time.Time{}, nil)
 		total := New(req, nil, time.Now().Add(time.Minute), errA)
 		att := New(total, nil, time.Time{}, nil)
-		stop := AfterFunc(att, f)
-		stop()
+		h.Watch(att, f)
+		h.Stop()
 		att.Cancel(nil)
 		total.Cancel(nil)
 		req.Cancel(context.Canceled)

@@ -30,8 +30,9 @@ import (
 // requests are small and whose answers are streamed event by event, those hand-offs are most
 // of its CPU per request. h1 has none: a request is one buffered write and the answer is
 // parsed from the connection's reader as the relay reads it. Cancellation unblocks the
-// connection (scope.AfterFunc: the attempt's Scope runs it as it ends; on another context,
-// context.AfterFunc, which costs a goroutine only when it fires).
+// connection (a scope.Hook in the answer's body: the attempt's Scope runs the connection's
+// interrupt as it ends; on another context, context.AfterFunc, which costs a goroutine only
+// when it fires).
 //
 // It serves what the gateway sends: http:// URLs, bodies that are absent or replayable
 // (GetBody), no Expect or Upgrade. Anything else (https, HTTP/2, a pass-through body that
@@ -69,6 +70,11 @@ type h1Conn struct {
 	host  string
 	used  time.Time // when it last went idle
 	reuse bool      // it served a request before this one
+
+	// The request's context ended (interrupt ran): the connection's deadline is spent. Reset
+	// by each exchange; a connection whose watch may have run is never reused.
+	cancelled atomic.Bool
+	interrupt func() // made once a connection: sets cancelled and unblocks its reads and writes
 }
 
 // limitedReader reads from r, at most n bytes while n >= 0 (n < 0: unbounded).
@@ -170,13 +176,10 @@ func dialAddr(u *url.URL) string {
 // connection that failed before any byte of an answer arrived and that req may go again.
 func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.Response, bool, error) {
 	b := &h1Body{t: t, c: c}
-	stop := scope.AfterFunc(ctx, func() { // on the cancelling goroutine for a Scope: must not block
-		b.cancelled.Store(true)
-		_ = c.c.SetDeadline(longAgo)
-	})
-	b.stop = stop
+	c.cancelled.Store(false)
+	b.watch.Watch(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, bool, error) {
-		stop()
+		b.watch.Stop()
 		_ = c.c.Close()
 		if ctx.Err() != nil {
 			return nil, false, ctx.Err()
@@ -198,7 +201,7 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 		}
 		if early == nil {
 			if c.reuse && ctx.Err() == nil {
-				stop()
+				b.watch.Stop()
 				_ = c.c.Close()
 				return nil, true, werr
 			}
@@ -217,7 +220,7 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 		// model server is not sent twice behind the retry policy's back.
 		nothing := c.lim.total == before
 		if c.reuse && ctx.Err() == nil && nothing && replayable(req) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
-			stop()
+			b.watch.Stop()
 			_ = c.c.Close()
 			return nil, true, fmt.Errorf("upstream: server closed idle connection: %w", err)
 		}
@@ -229,7 +232,7 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 // recancel puts the cancel's past deadline back on the connection if the request was
 // cancelled: a deadline set after the cancel fired must not outlive it.
 func (b *h1Body) recancel() {
-	if b.cancelled.Load() {
+	if b.c.cancelled.Load() {
 		_ = b.c.c.SetDeadline(longAgo)
 	}
 }
@@ -279,14 +282,13 @@ func chunked(r *http.Response) bool {
 // h1Body is an answer's body: it reads from the connection, and gives the connection back
 // to the pool when read to its end (or closes it when left unread or broken).
 type h1Body struct {
-	rc        io.ReadCloser
-	t         *h1
-	c         *h1Conn
-	stop      func() bool
-	cancelled atomic.Bool // the request's context ended: the connection's deadline is spent
-	keep      bool
-	eof       bool
-	closed    bool
+	rc     io.ReadCloser
+	t      *h1
+	c      *h1Conn
+	watch  scope.Hook // the request's context, interrupting the connection when it ends
+	keep   bool
+	eof    bool
+	closed bool
 }
 
 func (b *h1Body) Read(p []byte) (int, error) {
@@ -312,7 +314,7 @@ func (b *h1Body) done() {
 		return
 	}
 	b.eof = true
-	if b.stop() && b.keep && !b.cancelled.Load() {
+	if b.watch.Stop() && b.keep && !b.c.cancelled.Load() {
 		b.t.put(b.c)
 		return
 	}
@@ -325,7 +327,7 @@ func (b *h1Body) abandon() {
 		return
 	}
 	b.closed = true
-	b.stop()
+	b.watch.Stop()
 	_ = b.c.c.Close()
 }
 
@@ -368,6 +370,10 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 	// allocation when the connection is reused.
 	sc := socket.Wrap(nc)
 	c := &h1Conn{c: sc, host: host}
+	c.interrupt = func() { // on the cancelling goroutine for a Scope: must not block
+		c.cancelled.Store(true)
+		_ = c.c.SetDeadline(longAgo)
+	}
 	c.lim = limitedReader{r: sc, n: -1}
 	c.br = bufio.NewReaderSize(&c.lim, 8<<10)
 	c.bw = bufio.NewWriterSize(sc, 4<<10)

@@ -1,0 +1,352 @@
+// Command instructions counts what one request costs a proxy in user space, without the
+// noise of a timed run: the instructions a proxy process executes for a request (valgrind's
+// callgrind, which counts instructions, not seconds: the same binary and load give the same
+// count whatever else the machine does) and, for Sluice, its heap allocations and bytes (from
+// go_memstats on its /metrics, in a run without valgrind).
+//
+// Each target runs in front of `sluice mock` (zero delay); after a warm-up the counters are
+// zeroed, n small non-streaming chat requests (the harness's) are sent one after the other
+// over one keep-alive connection, and the counters read. The kernel's work (the system
+// calls) is not counted: that is what the harness's stime shows.
+//
+//	go run ./test/bench/instructions [--sluice BIN] [--n 4000] [--targets sluice,nginx] [--runs 2]
+//
+// Needs valgrind (Debian's valgrind) and, for the nginx target, nginx.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const body = `{"model":"sim-llama","messages":[{"role":"user","content":"Write one line about the sea."}],"max_tokens":16}`
+
+func main() {
+	bin := flag.String("sluice", "", "sluice binary (default: build ./cmd/sluice)")
+	n := flag.Int("n", 4000, "requests counted")
+	targets := flag.String("targets", "sluice,nginx", "sluice and/or nginx")
+	runs := flag.Int("runs", 2, "counts per target")
+	flag.Parse()
+	if *n < 100 || *n > 100000 || *runs < 1 || *runs > 10 {
+		fmt.Fprintln(os.Stderr, "instructions: --n 100..100000, --runs 1..10")
+		os.Exit(2)
+	}
+	if err := run(*bin, *n, *runs, strings.Split(*targets, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "instructions:", err)
+		os.Exit(1)
+	}
+}
+
+func run(bin string, n, runs int, targets []string) error {
+	if _, err := exec.LookPath("valgrind"); err != nil {
+		return errors.New("valgrind is not installed (apt-get install valgrind)")
+	}
+	tmp, err := os.MkdirTemp("", "instructions")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if bin == "" {
+		bin = filepath.Join(tmp, "sluice")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
+		build.Stdout, build.Stderr = os.Stdout, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("building sluice: %w", err)
+		}
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	sim, gw, admin := ports[0], ports[1], ports[2]
+	simProc, err := start(tmp, "sim", exec.Command(bin, "mock", "--listen", sim))
+	if err != nil {
+		return err
+	}
+	defer stop(simProc)
+	if err := waitListen(sim, 10*time.Second); err != nil {
+		return err
+	}
+	fmt.Printf("| target | run | user-space instructions a request | heap allocations a request | heap bytes a request |\n|---|---|---|---|---|\n")
+	for _, t := range targets {
+		for r := 1; r <= runs; r++ {
+			var cmd *exec.Cmd
+			allocs, bytes := "—", "—"
+			switch t {
+			case "sluice":
+				a, b, err := sluiceAllocs(tmp, bin, sim, gw, admin, n)
+				if err != nil {
+					return err
+				}
+				allocs, bytes = strconv.FormatFloat(a, 'f', 1, 64), strconv.FormatFloat(b, 'f', 0, 64)
+				cmd = exec.Command(bin, "serve", "--upstream", "http://"+sim, "--listen", gw, "--admin", admin)
+			case "nginx":
+				conf, err := nginxConf(tmp, sim, gw)
+				if err != nil {
+					return err
+				}
+				cmd = exec.Command("nginx", "-p", tmp, "-c", conf)
+			default:
+				return fmt.Errorf("unknown target %q (sluice, nginx)", t)
+			}
+			ins, err := count(tmp, cmd, gw, n)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t, err)
+			}
+			fmt.Printf("| %s | %d | %.0f | %s | %s |\n", t, r, ins, allocs, bytes)
+		}
+	}
+	return nil
+}
+
+// count runs cmd under callgrind and returns the instructions a request of n.
+func count(tmp string, cmd *exec.Cmd, addr string, n int) (float64, error) {
+	out := filepath.Join(tmp, "cg.out")
+	args := append([]string{"--tool=callgrind", "--callgrind-out-file=" + out, cmd.Path}, cmd.Args[1:]...)
+	vg := exec.Command("valgrind", args...)
+	// Asynchronous preemption's signals break callgrind's tracking of Go's threads.
+	vg.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
+	p, err := start(tmp, "valgrind", vg)
+	if err != nil {
+		return 0, err
+	}
+	defer stop(p)
+	if err := waitListen(addr, 2*time.Minute); err != nil {
+		return 0, err
+	}
+	if err := send(addr, 300); err != nil {
+		return 0, fmt.Errorf("warm-up: %w", err)
+	}
+	time.Sleep(time.Second)
+	pid := strconv.Itoa(p.Process.Pid)
+	if err := exec.Command("callgrind_control", "-z", pid).Run(); err != nil {
+		return 0, fmt.Errorf("callgrind_control -z: %w", err)
+	}
+	if err := send(addr, n); err != nil {
+		return 0, err
+	}
+	if err := exec.Command("callgrind_control", "-d", pid).Run(); err != nil {
+		return 0, fmt.Errorf("callgrind_control -d: %w", err)
+	}
+	dumps, _ := filepath.Glob(out + ".*")
+	for _, d := range dumps {
+		defer os.Remove(d)
+	}
+	if len(dumps) == 0 {
+		return 0, errors.New("callgrind wrote no dump")
+	}
+	total, err := totals(dumps[len(dumps)-1])
+	if err != nil {
+		return 0, err
+	}
+	return total / float64(n), nil
+}
+
+// totals reads the instruction count of a callgrind dump ("totals: N" or "summary: N").
+func totals(path string) (float64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, p := range []string{"totals: ", "summary: "} {
+			if v, ok := strings.CutPrefix(line, p); ok {
+				return strconv.ParseFloat(strings.Fields(v)[0], 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s: no totals line", path)
+}
+
+// sluiceAllocs runs Sluice without valgrind and returns its heap allocations and bytes a
+// request over n requests.
+func sluiceAllocs(tmp, bin, sim, gw, admin string, n int) (float64, float64, error) {
+	p, err := start(tmp, "sluice", exec.Command(bin, "serve", "--upstream", "http://"+sim, "--listen", gw, "--admin", admin))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer stop(p)
+	if err := waitListen(gw, 30*time.Second); err != nil {
+		return 0, 0, err
+	}
+	if err := send(gw, 500); err != nil {
+		return 0, 0, err
+	}
+	a0, b0, err := memstats(admin)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := send(gw, n); err != nil {
+		return 0, 0, err
+	}
+	a1, b1, err := memstats(admin)
+	if err != nil {
+		return 0, 0, err
+	}
+	return (a1 - a0) / float64(n), (b1 - b0) / float64(n), nil
+}
+
+func memstats(admin string) (mallocs, bytes float64, err error) {
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	found := 0
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		switch f[0] {
+		case "go_memstats_mallocs_total":
+			mallocs, err = strconv.ParseFloat(f[1], 64)
+			found++
+		case "go_memstats_alloc_bytes_total":
+			bytes, err = strconv.ParseFloat(f[1], 64)
+			found++
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	if found != 2 {
+		return 0, 0, errors.New("/metrics has no go_memstats_mallocs_total and go_memstats_alloc_bytes_total")
+	}
+	return mallocs, bytes, sc.Err()
+}
+
+// send sends n chat requests one after the other over one keep-alive connection.
+func send(addr string, n int) error {
+	tr := &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: time.Minute}
+	for i := range n {
+		resp, err := c.Post("http://"+addr+"/v1/chat/completions", "application/json", bytes.NewReader([]byte(body)))
+		if err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	return nil
+}
+
+// nginxConf writes the harness's nginx proxy (one worker, in the foreground, no master).
+func nginxConf(tmp, sim, listen string) (string, error) {
+	conf := fmt.Sprintf(`worker_processes 1;
+master_process off;
+daemon off;
+%s
+pid %[2]s/nginx.pid;
+error_log %[2]s/nginx-error.log;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path %[2]s/body;
+  proxy_temp_path %[2]s/proxy;
+  upstream sim { server %[3]s; keepalive 256; }
+  server {
+    listen %[4]s;
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+`, userLine(), tmp, sim, listen)
+	path := filepath.Join(tmp, "nginx.conf")
+	return path, os.WriteFile(path, []byte(conf), 0o644)
+}
+
+func userLine() string {
+	if os.Geteuid() == 0 {
+		return "user root;"
+	}
+	return ""
+}
+
+// start runs cmd with its output in a log file of tmp.
+func start(tmp, name string, cmd *exec.Cmd) (*exec.Cmd, error) {
+	log, err := os.Create(filepath.Join(tmp, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	return cmd, nil
+}
+
+func stop(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+func waitListen(addr string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	for {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nothing listens on %s after %v", addr, limit)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func freePorts(n int) ([]string, error) {
+	var out []string
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	return out, nil
+}
