@@ -274,7 +274,7 @@ func limitsOf(rt *config.CompiledRoute, rtr *route.Router, cand policy.Candidate
 }
 
 func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand policy.Candidate, cl *clusterState, ep *upstream.Endpoint, n int) (res result) {
-	res.cluster, res.endpoint, res.attempts = cand.Cluster, ep.String(), n
+	res.cluster, res.named, res.endpoint, res.attempts = cand.Cluster, cl.named, ep.String(), n
 	res.model = ex.preq.Model
 	ep.Begin()
 	defer ep.End()
@@ -446,7 +446,8 @@ var neverForwarded = []string{
 // alarm, not a time.Timer: moving it on every event is an atomic store, and arming it per
 // attempt makes the runtime wake no thread (it fires up to alarm.Grain late).
 type watchdog struct {
-	t       *alarm.Alarm
+	t       *alarm.Alarm // tv once armed
+	tv      alarm.Alarm
 	idle    time.Duration
 	started atomic.Bool
 	cancel  ender
@@ -459,7 +460,8 @@ type ender interface{ Cancel(cause error) }
 func startWatchdog(ttft, idle time.Duration, cancel ender) *watchdog {
 	w := &watchdog{idle: idle, cancel: cancel}
 	if ttft > 0 {
-		w.t = alarm.After(ttft, w.fire)
+		w.t = &w.tv
+		alarm.Start(w.t, ttft, w.fire)
 	}
 	return w
 }
@@ -485,7 +487,8 @@ func (w *watchdog) beatAt(now time.Time) {
 	case w.idle <= 0:
 		w.stop()
 	case w.t == nil:
-		w.t = alarm.After(w.idle, w.fire)
+		w.t = &w.tv
+		alarm.Start(w.t, w.idle, w.fire)
 	case now.IsZero():
 		w.t.Reset(w.idle)
 	default:

@@ -293,7 +293,11 @@ func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	}
 	delete(h, "Content-Length")
 	h["X-Request-Id"] = ex.idHeader() // ours, even if the upstream answered with its own
-	httphead.Set(h, "X-Sluice-Upstream", res.cluster)
+	if res.named != nil && res.named[0] == res.cluster {
+		h["X-Sluice-Upstream"] = res.named
+	} else {
+		httphead.Set(h, "X-Sluice-Upstream", res.cluster)
+	}
 	h["X-Sluice-Attempts"] = attemptsValue(res.attempts)
 	ex.w.WriteHeader(status)
 	ex.committed = true
@@ -331,6 +335,7 @@ type result struct {
 	// fail's rendering when the stream is not resumed.
 	upstreamErr []byte
 	cluster     string
+	named       []string // cluster as a header value when it is the state's (clusterState.named)
 	endpoint    string
 	model       string
 	attempts    int
@@ -442,7 +447,9 @@ func newRequestID() string {
 			b[i+j] = byte(v >> (8 * j))
 		}
 	}
-	return hex.EncodeToString(b[:])
+	var s [32]byte
+	hex.Encode(s[:], b[:])
+	return string(s[:])
 }
 
 // sessionOf is the request's session: X-Session-ID, else the body's user field.

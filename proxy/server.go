@@ -144,6 +144,7 @@ type tenantResolver interface {
 type clusterState struct {
 	*upstream.Cluster
 	apiKey string
+	named  []string // the cluster's name as a header value (X-Sluice-Upstream), shared by its answers
 }
 
 // plan returns the route's candidates: the chosen split, then the fallback steps.
@@ -268,7 +269,7 @@ func (s *Server) build(c *config.Config, prev *state) (*state, error) {
 				cl.Inherit(old.Cluster)
 			}
 		}
-		st.clusters[cc.Name] = &clusterState{Cluster: cl, apiKey: cc.APIKey.Reveal()}
+		st.clusters[cc.Name] = &clusterState{Cluster: cl, apiKey: cc.APIKey.Reveal(), named: headerValue(cc.Name)}
 	}
 	fail := func(err error) (*state, error) {
 		st.stop()

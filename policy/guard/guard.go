@@ -79,6 +79,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 	"sync"
@@ -123,6 +124,7 @@ type Guard struct {
 	on struct{ promptTokens, contextWindow, depth, messages, repetition, surge, breaker bool }
 
 	ctxWindows []pattern[int]
+	windows    windowMemo // ctxWindows' and the built-in table's answers for recent models
 	encodings  []pattern[string]
 	exactSem   chan struct{}
 
@@ -153,6 +155,7 @@ func New(p Params, env policy.Env) (*Guard, error) {
 		env.Clock = policy.SystemClock{}
 	}
 	g := &Guard{Named: env.Named(), p: p, clock: env.Clock, route: env.Route, bases: map[baseKey]*baseline{}}
+	g.windows.seed = maphash.MakeSeed()
 	g.on.promptTokens = p.MaxPromptTokens > 0 && !p.disabled(SignalPromptTokens)
 	g.on.contextWindow = !p.disabled(SignalContextWindow)
 	g.on.depth = p.MaxDepth > 0 && !p.disabled(SignalDepth)
@@ -237,8 +240,9 @@ func (g *Guard) ContextWindow(model string) int { return g.contextWindow(model, 
 // model server advertises (advertised > 0: vLLM's max_model_len on /v1/models), else the
 // params' window for every model, else the built-in table of well-known models.
 func (g *Guard) contextWindow(model string, advertised int) int {
-	if v, ok := lookup(g.ctxWindows, model); ok {
-		return v
+	w := g.windows.get(model, g.ctxWindows)
+	if w.cfgOK {
+		return w.cfg
 	}
 	if advertised > 0 {
 		return advertised
@@ -246,8 +250,44 @@ func (g *Guard) contextWindow(model string, advertised int) int {
 	if g.p.ContextWindow > 0 {
 		return g.p.ContextWindow
 	}
-	v, _ := lookup(builtinContextWindows, model)
-	return v
+	return w.builtin
+}
+
+// windowMemo keeps the context-window lookups of recent models (each lookup tries every glob
+// of the params and of the built-in table in turn, a few thousand instructions a request):
+// 16 slots by the model's hash, a slot taken over by the next model hashing there. A model
+// name longer than maxMemoModel is looked up every time (a client's name is not kept).
+type windowMemo struct {
+	seed  maphash.Seed
+	slots [16]atomic.Pointer[windowHit]
+}
+
+// windowHit is one model's answers: the params' glob (cfg, cfgOK) and the built-in table's.
+type windowHit struct {
+	model   string
+	cfg     int
+	cfgOK   bool
+	builtin int
+}
+
+const maxMemoModel = 256
+
+func (m *windowMemo) get(model string, cfg []pattern[int]) windowHit {
+	var slot *atomic.Pointer[windowHit]
+	if len(model) <= maxMemoModel {
+		slot = &m.slots[maphash.String(m.seed, model)%uint64(len(m.slots))]
+		if h := slot.Load(); h != nil && h.model == model {
+			return *h
+		}
+	}
+	h := windowHit{model: model}
+	h.cfg, h.cfgOK = lookup(cfg, model)
+	h.builtin, _ = lookup(builtinContextWindows, model)
+	if slot != nil {
+		h.model = strings.Clone(model) // not a piece of a request's body
+		slot.Store(&h)
+	}
+	return h
 }
 
 // contextLengthError is the answer to a request over the model's context window, in vLLM's

@@ -3,6 +3,7 @@ package guard
 import (
 	"encoding/json"
 	"fmt"
+	"hash/maphash"
 	"net/http"
 	"strings"
 	"sync"
@@ -606,5 +607,42 @@ func TestConcurrentUse(t *testing.T) {
 	wg.Wait()
 	if s := g.Stats(); s.InFlight != 0 {
 		t.Fatalf("in flight %d after all settled", s.InFlight)
+	}
+}
+
+// TestWindowMemo: the memo answers as the lookups it saves, whatever the order and number of
+// models (more than its slots, so that slots are taken over), for names too long to keep,
+// and from several goroutines at once.
+func TestWindowMemo(t *testing.T) {
+	cfg := []pattern[int]{{"m*", 1000}, {"other", 100}, {"*llama-3.1*", 7}}
+	models := []string{"gpt-4o", "gpt-4", "meta-llama-3.1-8b", "m1", "other", "sim-llama", "", "GPT-4O-MINI",
+		"Meta-Llama-3-70B", "o3-mini", strings.Repeat("x", maxMemoModel+1), strings.Repeat("m", maxMemoModel+5)}
+	for i := range 40 {
+		models = append(models, fmt.Sprintf("model-%d", i))
+	}
+	var m windowMemo
+	m.seed = maphash.MakeSeed()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for round := range 5 {
+				for i := range models {
+					model := models[(i*(w+1)+round)%len(models)]
+					got := m.get(model, cfg)
+					cv, cok := lookup(cfg, model)
+					bv, _ := lookup(builtinContextWindows, model)
+					if got.cfg != cv || got.cfgOK != cok || got.builtin != bv {
+						t.Errorf("%q: memo %+v, lookups %d %v %d", model, got, cv, cok, bv)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range m.slots {
+		if h := m.slots[i].Load(); h != nil && len(h.model) > maxMemoModel {
+			t.Errorf("a model of %d bytes is kept", len(h.model))
+		}
 	}
 }

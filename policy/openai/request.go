@@ -1014,21 +1014,32 @@ func (p *parser) measuredKey(kt, raw []byte, esc bool, keys []string, seen uint6
 // matches keys to fields (s is lower case ASCII). Beyond ASCII case, two runes fold to ASCII
 // letters: the Kelvin sign K (U+212A) to k and the long s ſ (U+017F) to s, so that a Go
 // server reads "max_to\u212aens" as max_tokens. b is the decoded key.
+//
+// Those runes are two or three bytes long, so a key that folds to s is s's length when it is
+// ASCII and longer when it is not: the lengths decide first, before any byte is read (most
+// keys compared are another field's).
 func foldEqual(b []byte, s string) bool {
-	for _, c := range b {
-		if c >= utf8.RuneSelf {
-			return len(b) > len(s) && bytes.EqualFold(b, []byte(s))
-		}
-	}
 	if len(b) != len(s) {
-		return false
+		return len(b) > len(s) && !ascii(b) && bytes.EqualFold(b, []byte(s))
 	}
 	for i := range len(b) {
 		c := b[i]
+		if c >= utf8.RuneSelf {
+			return false // a rune beyond ASCII makes the key longer than what it folds to
+		}
 		if 'A' <= c && c <= 'Z' {
 			c += 'a' - 'A'
 		}
 		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func ascii(b []byte) bool {
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
 			return false
 		}
 	}

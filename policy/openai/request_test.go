@@ -1396,3 +1396,19 @@ func TestUnicodeFoldedKeysRefused(t *testing.T) {
 		t.Fatalf("premise: encoding/json read max_tokens %d (%v)", v.MaxTokens, err)
 	}
 }
+
+// TestFoldEqual: foldEqual agrees with bytes.EqualFold (encoding/json's matching, for a lower
+// case ASCII field name) on keys of every length around the name's, ASCII or not.
+func TestFoldEqual(t *testing.T) {
+	names := []string{"model", "max_tokens", "n", "stream", "messages", "s", "k"}
+	keys := []string{"", "model", "MODEL", "Model", "mode", "models", "max_tokens", "MAX_TOKENS", "max_to\u212aens",
+		"max_to\u212aen", "\u017ftream", "\u017fTREAM", "stream\u017f", "n", "N", "\u017f", "\u212a", "K", "k", "é", "modél",
+		"max_tokenſ", "messageſ", "mess\u00e4ges", "\xff\xfe", "s\xff"}
+	for _, name := range names {
+		for _, k := range keys {
+			if got, want := foldEqual([]byte(k), name), bytes.EqualFold([]byte(k), []byte(name)); got != want {
+				t.Errorf("foldEqual(%q, %q) = %v, bytes.EqualFold says %v", k, name, got, want)
+			}
+		}
+	}
+}

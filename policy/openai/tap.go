@@ -654,8 +654,25 @@ func (t *Tap) setFinish(raw []byte, esc bool) {
 		}
 	}
 	if string(v) != t.FinishReason {
-		t.FinishReason = string(v)
+		t.FinishReason = finishReason(v)
 	}
+}
+
+// finishReason is v as a string, the common reasons without an allocation.
+func finishReason(v []byte) string {
+	switch string(v) {
+	case "stop":
+		return "stop"
+	case "length":
+		return "length"
+	case "tool_calls":
+		return "tool_calls"
+	case "content_filter":
+		return "content_filter"
+	case "function_call":
+		return "function_call"
+	}
+	return string(v)
 }
 
 func (t *Tap) usage(c *cur) {

@@ -68,10 +68,20 @@ type Alarm struct {
 
 // After arms an alarm that runs f in its own goroutine d from now.
 func (w *Wheel) After(d time.Duration, f func()) *Alarm {
-	a := &Alarm{w: w, f: f}
-	a.Reset(d)
+	a := &Alarm{}
+	w.Start(a, d, f)
 	return a
 }
+
+// Start is After for an Alarm in the caller's memory (its zero value, in a struct of the
+// caller's: no allocation of its own).
+func (w *Wheel) Start(a *Alarm, d time.Duration, f func()) {
+	a.w, a.f = w, f
+	a.Reset(d)
+}
+
+// Start is Wheel.Start on the default wheel.
+func Start(a *Alarm, d time.Duration, f func()) { std.Start(a, d, f) }
 
 // Reset arms a to run d from now, whether it was armed, stopped or had run; it reports
 // whether it was armed (as time.Timer's Reset).

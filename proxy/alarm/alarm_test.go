@@ -252,3 +252,21 @@ func BenchmarkArmStop(b *testing.B) {
 		}
 	})
 }
+
+// TestStartInCallersMemory: Start arms an Alarm the caller holds, as After does, without an
+// allocation of its own.
+func TestStartInCallersMemory(t *testing.T) {
+	w := New(5 * time.Millisecond)
+	var holder struct{ a Alarm }
+	r := newRan()
+	w.Start(&holder.a, 10*time.Millisecond, r.f)
+	r.wait(t, 5*time.Second)
+	var idle struct{ a Alarm }
+	f := func() {}
+	if n := testing.AllocsPerRun(100, func() {
+		w.Start(&idle.a, time.Hour, f)
+		idle.a.Stop()
+	}); n != 0 {
+		t.Errorf("%.0f allocations to start and stop an Alarm held by the caller", n)
+	}
+}

@@ -106,14 +106,16 @@ func appendStatus(b []byte, code int) []byte {
 // writes itself (Content-Length is kept to frame the answer, Transfer-Encoding dropped),
 // with invalid names dropped and line breaks in values made spaces, as net/http does.
 func (r *response) appendHeaders(b []byte) []byte {
-	var arr [24]string
-	keys := arr[:0]
-	for k := range r.header {
-		keys = append(keys, k)
+	// The headers in name order (as net/http writes them), each with its values: one pass
+	// over the map, no second lookup of each name.
+	var arr [24]headerField
+	fields := arr[:0]
+	for k, vv := range r.header {
+		fields = append(fields, headerField{k, vv})
 	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		vv := r.header[k]
+	sortFields(fields)
+	for _, f := range fields {
+		k, vv := f.k, f.vv
 		switch k {
 		case "Content-Length":
 			if len(vv) > 0 {
@@ -148,6 +150,26 @@ func (r *response) appendHeaders(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// headerField is a header's name and values.
+type headerField struct {
+	k  string
+	vv []string
+}
+
+// sortFields sorts an answer's headers by name: by insertion, as slices.Sort does a short
+// slice (an answer has a dozen headers or so), without a comparison function's calls.
+func sortFields(f []headerField) {
+	if len(f) > 32 {
+		slices.SortFunc(f, func(a, b headerField) int { return strings.Compare(a.k, b.k) })
+		return
+	}
+	for i := 1; i < len(f); i++ {
+		for j := i; j > 0 && f[j].k < f[j-1].k; j-- {
+			f[j], f[j-1] = f[j-1], f[j]
+		}
+	}
 }
 
 func appendConnection(b []byte, vv []string) []byte {

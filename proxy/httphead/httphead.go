@@ -6,6 +6,7 @@ package httphead
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net/http"
 	"net/textproto"
@@ -18,7 +19,7 @@ import (
 // offset scanning can resume at once more bytes arrived.
 func End(b []byte, from int) (n, resume int) {
 	for i := from; ; {
-		j := indexByte(b[i:], '\n')
+		j := bytes.IndexByte(b[i:], '\n')
 		if j < 0 {
 			return 0, i
 		}
@@ -48,15 +49,6 @@ func Peek(br *bufio.Reader) ([]byte, error) {
 			return nil, err
 		}
 	}
-}
-
-func indexByte(b []byte, c byte) int {
-	for i, x := range b {
-		if x == c {
-			return i
-		}
-	}
-	return -1
 }
 
 // Line cuts the first line (without its CRLF or LF) off s; ok is false when s holds no

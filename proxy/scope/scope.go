@@ -39,9 +39,10 @@ type Scope struct {
 	parent *Scope          // the Scope it is listed in, or nil
 	stop   func() bool     // the watch of a parent that is not a Scope (context.AfterFunc), or nil; guarded by mu
 
-	deadline time.Time // the deadline Deadline reports (the parent's when it is earlier)
-	dlCause  error     // the cause of ending at the Scope's own deadline
-	timer    *alarm.Alarm
+	deadline time.Time    // the deadline Deadline reports (the parent's when it is earlier)
+	dlCause  error        // the cause of ending at the Scope's own deadline
+	timer    *alarm.Alarm // timerv when armed; guarded by mu
+	timerv   alarm.Alarm
 
 	state atomic.Uint32                 // live, cancelled or expired: Err without the lock
 	done  atomic.Pointer[chan struct{}] // made by the first Done
@@ -109,7 +110,8 @@ func New(parent, values context.Context, deadline time.Time, cause error) *Scope
 		if wait := time.Until(deadline); wait > 0 {
 			s.mu.Lock()
 			if s.state.Load() == live {
-				s.timer = alarm.After(wait, s.expire)
+				s.timer = &s.timerv
+				alarm.Start(s.timer, wait, s.expire)
 			}
 			s.mu.Unlock()
 		} else {
