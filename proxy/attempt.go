@@ -386,16 +386,16 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		Header:     make(http.Header, len(r.Header)+4),
 		Host:       u.Host,
 	}).WithContext(ctx)
-	httphead.CopyEndToEnd(out.Header, r.Header)
-	delete(out.Header, "Content-Length")
-	for _, k := range neverForwarded {
-		delete(out.Header, k)
-	}
-
 	body := ex.preq.Body
 	if ex.contBody != nil {
 		body = ex.contBody
 	}
+	skip := neverForwarded
+	if body != nil {
+		skip = neverForwardedWithBody // the tap needs the bytes as the model server wrote them
+	}
+	httphead.CopyEndToEndExcept(out.Header, r.Header, skip)
+
 	body, model, err := bodyFor(body, ex.preq.Model, cand.Model)
 	if err != nil {
 		return nil, err
@@ -406,8 +406,6 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		out.Body = io.NopCloser(bytes.NewReader(body))
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		out.ContentLength = int64(len(body))
-		// The tap needs the bytes as the model server wrote them.
-		delete(out.Header, "Accept-Encoding")
 	case r.Body != nil && r.Body != http.NoBody:
 		out.Body = r.Body
 		out.ContentLength = r.ContentLength
@@ -432,14 +430,38 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 // The X-Forwarded-Proto values, shared.
 var protoHTTP, protoHTTPS = headerValue("http"), headerValue("https")
 
-// neverForwarded are request headers that never reach a model server: Sluice's own (the
-// admin token, chaos faults), and headers some servers and proxies read as the URL to serve
-// or the host the client asked for, which would let a client reach what its path does not
-// name.
-var neverForwarded = []string{
-	http.CanonicalHeaderKey(fault.Header), http.CanonicalHeaderKey(fault.HeaderToken),
-	"X-Original-Url", "X-Rewrite-Url", "X-Forwarded-Host", "X-Forwarded-Server", "X-Host", "X-Http-Method-Override",
+// overriding reports the request headers that never reach a model server, from an attempt
+// or a mirrored copy: Sluice's own (the admin token, chaos faults), and headers some servers
+// and proxies read as the URL to serve or the host the client asked for, which would let a
+// client reach what its path does not name.
+func overriding(k string) bool {
+	switch k {
+	case faultHeader, faultHeaderToken,
+		"X-Original-Url", "X-Rewrite-Url", "X-Forwarded-Host", "X-Forwarded-Server", "X-Host", "X-Http-Method-Override":
+		return true
+	}
+	return false
 }
+
+// neverForwarded reports the client's headers an attempt leaves out: the overriding ones,
+// the length (the request's own is written) and the trace context (the gateway's is
+// written: Telemetry.Inject).
+func neverForwarded(k string) bool {
+	switch k {
+	case "Content-Length", "Traceparent", "Tracestate":
+		return true
+	}
+	return overriding(k)
+}
+
+// neverForwardedWithBody is neverForwarded for a request whose body the gateway sends (and
+// whose answer the tap reads as the model server wrote it): no Accept-Encoding either.
+func neverForwardedWithBody(k string) bool {
+	return k == "Accept-Encoding" || neverForwarded(k)
+}
+
+// The chaos headers' canonical names (fault.Header and fault.HeaderToken are lower case).
+var faultHeader, faultHeaderToken = http.CanonicalHeaderKey(fault.Header), http.CanonicalHeaderKey(fault.HeaderToken)
 
 // watchdog enforces the TTFT and idle time-outs of one attempt with a single alarm: armed with
 // the TTFT time-out, re-armed with the idle time-out on every beat (each event or read). An

@@ -59,15 +59,6 @@ func addVaryOrigin(h http.Header) {
 	h.Add("Vary", "Origin")
 }
 
-// dropCORS removes Access-Control-* headers (an upstream's own).
-func dropCORS(h http.Header) {
-	for k := range h {
-		if strings.HasPrefix(k, "Access-Control-") {
-			delete(h, k)
-		}
-	}
-}
-
 // preflight answers an OPTIONS request: 204, with the CORS allowance when its origin is
 // allowed (the methods and headers the API needs), without one otherwise (the browser then
 // refuses the call).

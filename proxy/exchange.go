@@ -283,15 +283,15 @@ func writeFailed(err error) *policy.Failure {
 // Sluice's own.
 func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	h := ex.w.Header()
-	httphead.CopyEndToEnd(h, upstream)
-	dropCORS(h) // the model server's; only Sluice's own allowance stands
+	// The model server's CORS headers are dropped (only Sluice's own allowance stands), and
+	// its length (the answer is relayed as it comes).
+	httphead.CopyEndToEndExcept(h, upstream, answerSkips)
 	if ex.corsOrigin != "" {
 		setCORS(h, ex.corsOrigin)
 	}
 	for k, vs := range ex.policyHeader {
 		h[k] = vs
 	}
-	delete(h, "Content-Length")
 	h["X-Request-Id"] = ex.idHeader() // ours, even if the upstream answered with its own
 	if res.named != nil && res.named[0] == res.cluster {
 		h["X-Sluice-Upstream"] = res.named
@@ -301,6 +301,11 @@ func (ex *exchange) commit(status int, upstream http.Header, res *result) {
 	h["X-Sluice-Attempts"] = attemptsValue(res.attempts)
 	ex.w.WriteHeader(status)
 	ex.committed = true
+}
+
+// answerSkips reports the model server's answer headers the client does not get.
+func answerSkips(k string) bool {
+	return k == "Content-Length" || strings.HasPrefix(k, "Access-Control-")
 }
 
 // writePending sends a complete buffered upstream answer.

@@ -196,13 +196,8 @@ func (sh *shadowing) offer(st *state, rt *config.CompiledRoute, preq *policy.Req
 // configured strip list, plus the configured set list.
 func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 	h := make(http.Header, len(src))
-	httphead.CopyEndToEnd(h, src)
+	httphead.CopyEndToEndExcept(h, src, mirrorSkips)
 	stripCredentials(h) // a sandbox never sees the client's (send adds the cluster's own)
-	h.Del("Content-Length")
-	h.Del("Accept-Encoding")           // the answer is read as the model server wrote it
-	for _, k := range neverForwarded { // Sluice's own (chaos) and URL-override headers, as for attempts
-		delete(h, k)
-	}
 	for _, k := range m.StripHeaders {
 		h.Del(k)
 	}
@@ -210,6 +205,13 @@ func mirrorHeader(src http.Header, m *config.Mirror) http.Header {
 		h.Set(k, v)
 	}
 	return h
+}
+
+// mirrorSkips reports the client's headers a copy leaves out: the length, Accept-Encoding
+// (the answer is read as the model server wrote it), and Sluice's own (chaos) and URL-override
+// headers, as for attempts.
+func mirrorSkips(k string) bool {
+	return k == "Content-Length" || k == "Accept-Encoding" || overriding(k)
 }
 
 // mirrorQuery is the query without credential-like parameters (?api-key=…).

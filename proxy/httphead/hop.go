@@ -33,7 +33,11 @@ func named(connection []string) []string {
 
 // CopyEndToEnd copies src into dst without the hop-by-hop headers (HopByHop of src's
 // Connection), replacing what dst has under the same names.
-func CopyEndToEnd(dst, src http.Header) {
+func CopyEndToEnd(dst, src http.Header) { CopyEndToEndExcept(dst, src, nil) }
+
+// CopyEndToEndExcept is CopyEndToEnd leaving out, besides, the headers skip reports (nil:
+// none): one pass over src, where deleting them from dst afterwards looks each one up.
+func CopyEndToEndExcept(dst, src http.Header, skip func(name string) bool) {
 	conn := named(src["Connection"])
 	// One backing array for every value copied (each header's slice capped at its own end,
 	// so an Add to one never writes into the next): one allocation, not one per header.
@@ -53,6 +57,9 @@ next:
 			if k == h {
 				continue next
 			}
+		}
+		if skip != nil && skip(k) {
+			continue
 		}
 		start := len(pool)
 		pool = append(pool, vs...)
