@@ -72,14 +72,14 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		}
 		ep, err := cl.PickFor(prev, upstream.Hint{PrefixHash: ex.preq.PrefixHash, PrefixLen: ex.preq.PrefixLen, Home: ex.home})
 		if err != nil {
-			done(false, true)
+			done.End(false, true)
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, string(policy.ClassNoEndpoint))
 			unavailable(ex, res, classFailure(policy.ClassNoEndpoint, time.Second), cand.Cluster)
 			return policy.CondNoEndpoint
 		}
 		if !h.spend(ctx, ex, rt, rtr, cand.Cluster, try, fallback) {
 			// The budget is spent: no new upstream request; the last answer stands.
-			done(false, true)
+			done.End(false, true)
 			return ""
 		}
 		*attempts++
@@ -89,7 +89,7 @@ func (h *Handler) tryCandidate(ctx context.Context, ex *exchange, st *state, rt 
 		code := res.errorCode()
 		class := res.class()
 		failed, excluded := rtr.Verdict(class, res.status, code)
-		done(failed, excluded)
+		done.End(failed, excluded)
 		if class != "" && class != policy.ClassClientCancel && class != policy.ClassBodyTimeout {
 			h.srv.tel.UpstreamError(ctx, cand.Cluster, string(class))
 		}
@@ -403,8 +403,8 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	res.model = model
 	switch {
 	case body != nil:
-		out.Body = io.NopCloser(bytes.NewReader(body))
-		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		rb := newReplayBody(body)
+		out.Body, out.GetBody = rb, rb.again
 		out.ContentLength = int64(len(body))
 	case r.Body != nil && r.Body != http.NoBody:
 		out.Body = r.Body
@@ -426,6 +426,25 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	h.srv.tel.Inject(ctx, out.Header)
 	return out, nil
 }
+
+// replayBody is an outbound request's body held whole: read once a send, and made again for
+// a send on another connection (GetBody). One allocation where io.NopCloser over a
+// bytes.Reader is two.
+type replayBody struct {
+	bytes.Reader
+	b []byte
+}
+
+func newReplayBody(b []byte) *replayBody {
+	rb := &replayBody{b: b}
+	rb.Reset(b)
+	return rb
+}
+
+func (rb *replayBody) Close() error { return nil }
+
+// again is the body from its start, for GetBody.
+func (rb *replayBody) again() (io.ReadCloser, error) { return newReplayBody(rb.b), nil }
 
 // The X-Forwarded-Proto values, shared.
 var protoHTTP, protoHTTPS = headerValue("http"), headerValue("https")

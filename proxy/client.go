@@ -50,10 +50,10 @@ const maxForwardedHops = 32
 func (t trust) clientOf(r *http.Request) (client string, known bool) {
 	peer := peerAddr(r.RemoteAddr)
 	if len(t) == 0 {
-		return peer.String(), false
+		return peerString(r.RemoteAddr, peer), false
 	}
 	if !peer.IsValid() || !t.contains(peer) {
-		return peer.String(), true
+		return peerString(r.RemoteAddr, peer), true
 	}
 	hasX, hasF := len(r.Header["X-Forwarded-For"]) > 0, len(r.Header["Forwarded"]) > 0
 	x, f := xffHops(r.Header), forwardedFor(r.Header)
@@ -79,6 +79,19 @@ func (t trust) clientOf(r *http.Request) (client string, known bool) {
 }
 
 // peerAddr is the IP of a RemoteAddr ("ip:port"); invalid when it is none.
+// peerString is peer.String(), without formatting (and allocating) it again when remote
+// already holds it: an IPv4 address parses only from its one canonical text.
+func peerString(remote string, peer netip.Addr) string {
+	if peer.Is4() {
+		if i := strings.LastIndexByte(remote, ':'); i > 0 {
+			if a, err := netip.ParseAddr(remote[:i]); err == nil && a == peer {
+				return remote[:i]
+			}
+		}
+	}
+	return peer.String()
+}
+
 func peerAddr(remote string) netip.Addr {
 	if ap, err := netip.ParseAddrPort(remote); err == nil {
 		return ap.Addr().Unmap()

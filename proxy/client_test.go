@@ -63,3 +63,17 @@ func FuzzClientOf(f *testing.F) {
 		}
 	})
 }
+
+// TestPeerString: the client's address as netip formats it, taken from RemoteAddr when that
+// holds it already (IPv4), formatted otherwise.
+func TestPeerString(t *testing.T) {
+	for _, remote := range []string{"1.2.3.4:5678", "127.0.0.1:1", "[::1]:80", "[::ffff:10.0.0.1]:443", "[fe80::1%eth0]:9", "10.0.0.1", "junk", ""} {
+		peer := peerAddr(remote)
+		if got, want := peerString(remote, peer), peer.String(); got != want {
+			t.Errorf("%q: %q, want %q", remote, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = peerString("192.168.1.20:443", peerAddr("192.168.1.20:443")) }); n != 0 {
+		t.Errorf("%.0f allocations for an IPv4 peer", n)
+	}
+}

@@ -73,7 +73,7 @@ func BenchmarkBreakerAllow(b *testing.B) {
 	for b.Loop() {
 		done, ok := br.Allow("a")
 		if ok {
-			done(false, false)
+			done.End(false, false)
 		}
 	}
 }

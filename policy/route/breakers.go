@@ -53,8 +53,24 @@ var (
 	errExcluded = errors.New("route: excluded outcome")
 )
 
+// Done is how an attempt a breaker allowed is reported: End it once.
+type Done func(error)
+
+// End reports how the attempt ended (see Verdict): failed counts against the cluster, excluded
+// counts neither way (a client's cancel, the client's own fault).
+func (d Done) End(failed, excluded bool) {
+	switch {
+	case excluded:
+		d(errExcluded)
+	case failed:
+		d(errFailed)
+	default:
+		d(nil)
+	}
+}
+
 // noopDone is the done of a disabled breaker.
-func noopDone(failed, excluded bool) {}
+var noopDone = Done(func(error) {})
 
 // NewBreakers returns breakers configured by cfg (zero fields take their defaults) for the
 // given clusters; a cluster not given gets its breaker on first use.
@@ -120,8 +136,9 @@ func (b *Breakers) get(cluster string) *clusterBreaker {
 
 // Allow asks the cluster's breaker for one attempt. ok=false: the breaker is open (or
 // half-open with its probes taken): skip the cluster with policy.CondBreakerOpen. Otherwise
-// done must be called once with how the attempt ended (see Verdict).
-func (b *Breakers) Allow(cluster string) (done func(failed, excluded bool), ok bool) {
+// done must be ended once with how the attempt ended (Done.End). It is the breaker's own
+// function: no closure of this package's is made an attempt.
+func (b *Breakers) Allow(cluster string) (done Done, ok bool) {
 	if b == nil || b.cfg.Disabled {
 		return noopDone, true
 	}
@@ -129,16 +146,7 @@ func (b *Breakers) Allow(cluster string) (done func(failed, excluded bool), ok b
 	if err != nil {
 		return nil, false
 	}
-	return func(failed, excluded bool) {
-		switch {
-		case excluded:
-			d(errExcluded)
-		case failed:
-			d(errFailed)
-		default:
-			d(nil)
-		}
-	}, true
+	return d, true
 }
 
 // State returns the cluster breaker's state: "closed", "half-open", "open" or "disabled".

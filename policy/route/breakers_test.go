@@ -23,7 +23,7 @@ func attempt(t *testing.T, b *Breakers, cluster string, failed, excluded bool) b
 	t.Helper()
 	done, ok := b.Allow(cluster)
 	if ok {
-		done(failed, excluded)
+		done.End(failed, excluded)
 	}
 	return ok
 }
@@ -65,8 +65,8 @@ func TestBreakerLifecycle(t *testing.T) {
 	if !ok1 || !ok2 || ok3 {
 		t.Fatalf("half-open probes: %v %v %v, want true true false", ok1, ok2, ok3)
 	}
-	d1(false, false)
-	d2(false, false)
+	d1.End(false, false)
+	d2.End(false, false)
 	if st := b.State("a"); st != "closed" {
 		t.Fatalf("after 2 successful probes: %s, want closed", st)
 	}

@@ -438,7 +438,7 @@ func TestInherit(t *testing.T) {
 		if !ok {
 			t.Fatal("closed breaker refused")
 		}
-		done(true, false)
+		done.End(true, false)
 	}
 	if st := old.Breakers().State("a"); st != "open" {
 		t.Fatalf("breaker a %s, want open", st)
