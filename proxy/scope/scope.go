@@ -124,13 +124,7 @@ func New(parent, values context.Context, deadline time.Time, cause error) *Scope
 // attach lists s in the Scope parent is (or is made from by values alone: the same Done), or
 // watches parent with context.AfterFunc; s ends at once if parent has ended.
 func (s *Scope) attach(parent context.Context) {
-	p, ok := parent.(*Scope)
-	if !ok {
-		if q, found := parent.Value(key{}).(*Scope); found && parent.Done() == q.Done() {
-			p, ok = q, true
-		}
-	}
-	if ok {
+	if p, ok := scopeOf(parent); ok {
 		p.mu.Lock()
 		if p.state.Load() == live {
 			s.parent = p
@@ -156,6 +150,18 @@ func (s *Scope) attach(parent context.Context) {
 	s.mu.Lock()
 	s.stop = stop // after an end meanwhile, never called: the watch has run
 	s.mu.Unlock()
+}
+
+// scopeOf is the Scope ctx is, or is made from by values alone (it ends when that Scope ends:
+// the same Done channel, made for the comparison).
+func scopeOf(ctx context.Context) (*Scope, bool) {
+	if s, ok := ctx.(*Scope); ok {
+		return s, true
+	}
+	if s, ok := ctx.Value(key{}).(*Scope); ok && ctx.Done() == s.Done() {
+		return s, true
+	}
+	return nil, false
 }
 
 // push lists n first in s's list. s.mu held.
@@ -217,11 +223,6 @@ func (s *Scope) end(err, cause error) {
 	if d := s.done.Load(); d != nil {
 		close(*d)
 	}
-	first := s.first
-	s.first = nil
-	for n := first; n != nil; n = n.next {
-		n.listed = false // taken out here: an end or a stop of its own leaves the list alone
-	}
 	t, stop := s.timer, s.stop
 	s.mu.Unlock()
 
@@ -235,14 +236,24 @@ func (s *Scope) end(err, cause error) {
 	} else if stop != nil {
 		stop()
 	}
-	for n := first; n != nil; {
-		next := n.next // n's links are only this goroutine's now
-		if n.kid != nil {
-			n.kid.end(err, cause)
-		} else {
-			n.f()
+	// What was listed, newest first, each taken out under the lock before it runs (nothing is
+	// listed any more: s has ended): a Stop from now on reports false, and a node taken is
+	// this goroutine's alone (a Hook that its owner watches again gets a node of its own).
+	for {
+		s.mu.Lock()
+		n := s.first
+		if n == nil {
+			s.mu.Unlock()
+			return
 		}
-		n = next
+		s.unlink(n)
+		kid, f := n.kid, n.f
+		s.mu.Unlock()
+		if kid != nil {
+			kid.end(err, cause)
+		} else {
+			f()
+		}
 	}
 }
 
@@ -336,11 +347,12 @@ type Hook struct {
 	stop func() bool // the watch of a context that is not a Scope
 }
 
-// Watch arranges for f to run when ctx ends, as AfterFunc does: listed in ctx when it is a
-// Scope (f then runs on the goroutine that ends it and must not block), else with
-// context.AfterFunc. h must not be watching (Stop it first).
+// Watch arranges for f to run when ctx ends, as AfterFunc does: listed in the Scope ctx is
+// (or is made from by values alone; f then runs on the goroutine that ends it and must not
+// block), else with context.AfterFunc. h must not be watching: Stop it first (once Stop has
+// returned, h may watch again, even if f is still to run).
 func (h *Hook) Watch(ctx context.Context, f func()) {
-	s, ok := ctx.(*Scope)
+	s, ok := scopeOf(ctx)
 	if !ok {
 		h.s, h.stop = nil, context.AfterFunc(ctx, f)
 		return
@@ -380,11 +392,15 @@ func (s *Scope) String() string {
 	}
 }
 
-// Cause is why ctx ended: the cause of the nearest Scope ctx is or is made from, if that
-// Scope ended, else context.Cause(ctx).
+// Cause is why ctx ended (nil while it lives): the cause of the nearest Scope ctx is or is
+// made from when ctx ended with it (by values alone, or as a context the standard library
+// made from it, which ends with the Scope's Err as its cause), else context.Cause(ctx).
 func Cause(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
 	if s, ok := ctx.Value(key{}).(*Scope); ok {
-		if c := s.Cause(); c != nil {
+		if c := s.Cause(); c != nil && (ctx.Done() == s.Done() || context.Cause(ctx) == s.Err()) {
 			return c
 		}
 	}

@@ -496,3 +496,89 @@ func BenchmarkScopeChain(b *testing.B) {
 		req.Cancel(context.Canceled)
 	}
 }
+
+// TestCauseIsTheContexts: Cause answers for the context it is given: nil while that lives
+// (a context.WithoutCancel of an ended Scope), a standard child's own cause when it ended on
+// its own before the Scope, the Scope's when the child ended with it.
+func TestCauseIsTheContexts(t *testing.T) {
+	s := New(context.Background(), nil, time.Time{}, nil)
+	own, cancelOwn := context.WithCancelCause(s)
+	with, cancelWith := context.WithCancelCause(s)
+	defer cancelWith(nil)
+	cancelOwn(errB)
+	s.Cancel(errA)
+	ended(t, with)
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want error
+	}{
+		{"without cancel", context.WithoutCancel(s), nil},
+		{"a child that ended first", own, errB},
+		{"a child that ended with the Scope", with, errA},
+		{"a value of the Scope", context.WithValue(s, errB, 1), errA},
+		{"the Scope", s, errA},
+	} {
+		if got := Cause(tc.ctx); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestThroughValues: a Scope, or a Hook, made in a context that adds only values to a Scope
+// is listed in that Scope: it ends with it, without a goroutine watching.
+func TestThroughValues(t *testing.T) {
+	p := New(context.Background(), nil, time.Time{}, nil)
+	v := context.WithValue(p, errA, 1)
+	g0 := created()
+	kid := New(v, nil, time.Time{}, nil)
+	var h Hook
+	ran := make(chan struct{})
+	h.Watch(v, func() { close(ran) })
+	if n := created() - g0; n != 0 {
+		t.Errorf("%d goroutines started to watch a Scope through a value", n)
+	}
+	if kid.parent != p || h.s != p {
+		t.Error("not listed in the Scope under the value")
+	}
+	p.Cancel(errB)
+	ended(t, kid)
+	select {
+	case <-ran:
+	default:
+		t.Error("the Hook did not run as the Scope ended")
+	}
+}
+
+// TestHookWatchedAgainWhileEnding: a Hook whose Stop reported false (the end has taken it)
+// may watch another Scope at once; the first Scope's end still runs everything else it
+// listed, and never the Hook's new function (run with -race).
+func TestHookWatchedAgainWhileEnding(t *testing.T) {
+	for range 200 {
+		a := New(context.Background(), nil, time.Time{}, nil)
+		b := New(context.Background(), nil, time.Time{}, nil)
+		var mu sync.Mutex
+		ranA, ranB := 0, 0
+		a.AfterFunc(func() { mu.Lock(); ranA++; mu.Unlock() }) // listed before the Hook: runs after it
+		var h Hook
+		release := make(chan struct{})
+		h.Watch(a, func() { <-release })
+		done := make(chan struct{})
+		go func() { a.Cancel(nil); close(done) }()
+		for h.Stop() { // until the end has taken the Hook's node (its function now blocks)
+			h.Watch(a, func() { <-release })
+		}
+		h.Watch(b, func() { mu.Lock(); ranB++; mu.Unlock() })
+		close(release)
+		<-done
+		mu.Lock()
+		if ranA != 1 || ranB != 0 {
+			t.Fatalf("a's own function ran %d times, b's Hook %d times before b ended; want 1 and 0", ranA, ranB)
+		}
+		mu.Unlock()
+		b.Cancel(nil)
+		if ranB != 1 {
+			t.Fatalf("b's Hook ran %d times at b's end, want 1", ranB)
+		}
+	}
+}

@@ -31,8 +31,8 @@ import (
 // of its CPU per request. h1 has none: a request is one buffered write and the answer is
 // parsed from the connection's reader as the relay reads it. Cancellation unblocks the
 // connection (a scope.Hook in the answer's body: the attempt's Scope runs the connection's
-// interrupt as it ends; on another context, context.AfterFunc, which costs a goroutine only
-// when it fires).
+// interrupt as it ends; on a standard cancellable context, context.AfterFunc, which costs a
+// goroutine only when it fires).
 //
 // It serves what the gateway sends: http:// URLs, bodies that are absent or replayable
 // (GetBody), no Expect or Upgrade. Anything else (https, HTTP/2, a pass-through body that
