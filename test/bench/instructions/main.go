@@ -11,7 +11,10 @@
 //
 //	go run ./test/bench/instructions [--sluice BIN] [--n 4000] [--targets sluice,nginx] [--runs 3]
 //
-// Needs valgrind (Debian's valgrind) and, for the nginx target, nginx.
+// Targets: sluice (every default on), nginx, and the bare proxies of test/bench/goproxy:
+// own (Sluice's HTTP/1.1 server and upstream client with a handler that only forwards: the
+// machinery without the gateway's work) and fasthttp. Needs valgrind (Debian's valgrind) and,
+// for the nginx target, nginx.
 package main
 
 import (
@@ -37,20 +40,21 @@ const body = `{"model":"sim-llama","messages":[{"role":"user","content":"Write o
 func main() {
 	bin := flag.String("sluice", "", "sluice binary (default: build ./cmd/sluice)")
 	n := flag.Int("n", 4000, "requests counted")
-	targets := flag.String("targets", "sluice,nginx", "sluice and/or nginx")
+	targets := flag.String("targets", "sluice,nginx", "any of sluice, nginx, own, fasthttp")
 	runs := flag.Int("runs", 3, "counts per target (the least is reported: see run)")
+	dump := flag.String("dump", "", "keep the callgrind dump of each target's least run in this directory (TARGET.callgrind), for callgrind_annotate")
 	flag.Parse()
 	if *n < 100 || *n > 100000 || *runs < 1 || *runs > 10 {
 		fmt.Fprintln(os.Stderr, "instructions: --n 100..100000, --runs 1..10")
 		os.Exit(2)
 	}
-	if err := run(*bin, *n, *runs, strings.Split(*targets, ",")); err != nil {
+	if err := run(*bin, *n, *runs, strings.Split(*targets, ","), *dump); err != nil {
 		fmt.Fprintln(os.Stderr, "instructions:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bin string, n, runs int, targets []string) error {
+func run(bin string, n, runs int, targets []string, dump string) error {
 	if _, err := exec.LookPath("valgrind"); err != nil {
 		return errors.New("valgrind is not installed (apt-get install valgrind)")
 	}
@@ -67,6 +71,7 @@ func run(bin string, n, runs int, targets []string) error {
 			return fmt.Errorf("building sluice: %w", err)
 		}
 	}
+	var goproxy string // test/bench/goproxy, built for the bare targets
 	ports, err := freePorts(3)
 	if err != nil {
 		return err
@@ -100,16 +105,34 @@ func run(bin string, n, runs int, targets []string) error {
 					return err
 				}
 				cmd = exec.Command("nginx", "-p", tmp, "-c", conf)
+			case "own", "fasthttp":
+				if goproxy == "" {
+					goproxy = filepath.Join(tmp, "goproxy")
+					build := exec.Command("go", "build", "-o", goproxy, "./test/bench/goproxy")
+					build.Stdout, build.Stderr = os.Stdout, os.Stderr
+					if err := build.Run(); err != nil {
+						return fmt.Errorf("building test/bench/goproxy: %w", err)
+					}
+				}
+				cmd = exec.Command(goproxy, "serve-"+t+"-proxy", "http://"+sim, gw)
 			default:
-				return fmt.Errorf("unknown target %q (sluice, nginx)", t)
+				return fmt.Errorf("unknown target %q (sluice, nginx, own, fasthttp)", t)
 			}
-			ins, err := count(tmp, cmd, gw, n)
+			ins, data, err := count(tmp, cmd, gw, n)
 			if err != nil {
 				return fmt.Errorf("%s: %w", t, err)
 			}
 			fmt.Printf("| %s | %d | %.0f | %s | %s |\n", t, r, ins, allocs, bytes)
 			if l, ok := least[t]; !ok || ins < l {
 				least[t] = ins
+				if dump != "" {
+					if err := os.MkdirAll(dump, 0o755); err != nil {
+						return err
+					}
+					if err := os.WriteFile(filepath.Join(dump, t+".callgrind"), data, 0o644); err != nil {
+						return err
+					}
+				}
 			}
 		}
 	}
@@ -126,8 +149,8 @@ func run(bin string, n, runs int, targets []string) error {
 	return nil
 }
 
-// count runs cmd under callgrind and returns the instructions a request of n.
-func count(tmp string, cmd *exec.Cmd, addr string, n int) (float64, error) {
+// count runs cmd under callgrind and returns the instructions a request of n, and the dump.
+func count(tmp string, cmd *exec.Cmd, addr string, n int) (float64, []byte, error) {
 	out := filepath.Join(tmp, "cg.out")
 	args := append([]string{"--tool=callgrind", "--callgrind-out-file=" + out, cmd.Path}, cmd.Args[1:]...)
 	vg := exec.Command("valgrind", args...)
@@ -135,38 +158,43 @@ func count(tmp string, cmd *exec.Cmd, addr string, n int) (float64, error) {
 	vg.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
 	p, err := start(tmp, "valgrind", vg)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer stop(p)
 	if err := waitListen(addr, 2*time.Minute); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if err := send(addr, 300); err != nil {
-		return 0, fmt.Errorf("warm-up: %w", err)
+		return 0, nil, fmt.Errorf("warm-up: %w", err)
 	}
 	time.Sleep(time.Second)
 	pid := strconv.Itoa(p.Process.Pid)
 	if err := exec.Command("callgrind_control", "-z", pid).Run(); err != nil {
-		return 0, fmt.Errorf("callgrind_control -z: %w", err)
+		return 0, nil, fmt.Errorf("callgrind_control -z: %w", err)
 	}
 	if err := send(addr, n); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if err := exec.Command("callgrind_control", "-d", pid).Run(); err != nil {
-		return 0, fmt.Errorf("callgrind_control -d: %w", err)
+		return 0, nil, fmt.Errorf("callgrind_control -d: %w", err)
 	}
 	dumps, _ := filepath.Glob(out + ".*")
 	for _, d := range dumps {
 		defer os.Remove(d)
 	}
 	if len(dumps) == 0 {
-		return 0, errors.New("callgrind wrote no dump")
+		return 0, nil, errors.New("callgrind wrote no dump")
 	}
-	total, err := totals(dumps[len(dumps)-1])
+	last := dumps[len(dumps)-1]
+	total, err := totals(last)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return total / float64(n), nil
+	data, err := os.ReadFile(last)
+	if err != nil {
+		return 0, nil, err
+	}
+	return total / float64(n), data, nil
 }
 
 // totals reads the instruction count of a callgrind dump ("totals: N" or "summary: N").
