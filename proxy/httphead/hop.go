@@ -39,13 +39,10 @@ func CopyEndToEnd(dst, src http.Header) { CopyEndToEndExcept(dst, src, nil) }
 // none): one pass over src, where deleting them from dst afterwards looks each one up.
 func CopyEndToEndExcept(dst, src http.Header, skip func(name string) bool) {
 	conn := named(src["Connection"])
-	// One backing array for every value copied (each header's slice capped at its own end,
-	// so an Add to one never writes into the next): one allocation, not one per header.
-	n := 0
-	for _, vs := range src {
-		n += len(vs)
-	}
-	pool := make([]string, 0, n)
+	// One backing array for the values copied (each header's slice capped at its own end, so
+	// an Add to one never writes into the next): one allocation, not one per header, sized
+	// for one value a name (a name with several grows it once).
+	pool := make([]string, 0, len(src))
 next:
 	for k, vs := range src {
 		for _, h := range hopByHop {

@@ -112,6 +112,9 @@ func Common(names ...string) map[string]string {
 // CanonicalKey is textproto.CanonicalMIMEHeaderKey, without allocating for a name of
 // common in any case.
 func CanonicalKey(k string, common map[string]string) string {
+	if canonical(k) {
+		return k // as most clients send names: no lookup
+	}
 	if len(k) <= 32 {
 		var buf [32]byte
 		low := buf[:len(k)]
@@ -128,6 +131,34 @@ func CanonicalKey(k string, common map[string]string) string {
 	}
 	return textproto.CanonicalMIMEHeaderKey(k) // no allocation when k is canonical already
 }
+
+// canonical reports whether k is a token in canonical form (upper case first and after each
+// hyphen, lower case elsewhere), as textproto.CanonicalMIMEHeaderKey would return it.
+func canonical(k string) bool {
+	if k == "" {
+		return false
+	}
+	upper := true
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case !tokenByte[c]:
+			return false
+		case upper && 'a' <= c && c <= 'z', !upper && 'A' <= c && c <= 'Z':
+			return false
+		}
+		upper = c == '-'
+	}
+	return true
+}
+
+// tokenByte holds the bytes of an HTTP token (a header name).
+var tokenByte = func() (t [256]bool) {
+	for c := range t {
+		t[c] = httpguts.IsTokenRune(rune(c))
+	}
+	return t
+}()
 
 // HasToken reports whether a comma-separated header value list holds token (case-folded).
 func HasToken(vv []string, token string) bool {

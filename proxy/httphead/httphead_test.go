@@ -99,6 +99,21 @@ func FuzzHeader(f *testing.F) {
 	})
 }
 
+// FuzzCanonicalKey: CanonicalKey is textproto.CanonicalMIMEHeaderKey for any name: canonical
+// ones (returned as they are), common ones in any case, others, and names that are not tokens.
+func FuzzCanonicalKey(f *testing.F) {
+	for _, k := range []string{"Content-Type", "content-type", "CONTENT-TYPE", "X-Stainless-Os", "x-stainless-os",
+		"X-A", "x", "", "-", "A-", "-A", "X Y", "X_Y", "Ä-B", "1-2", "Accept\x00", "aBc-dEf"} {
+		f.Add(k)
+	}
+	common := Common("Content-Type", "X-Stainless-Os", "Accept")
+	f.Fuzz(func(t *testing.T, k string) {
+		if got, want := CanonicalKey(k, common), textproto.CanonicalMIMEHeaderKey(k); got != want {
+			t.Fatalf("CanonicalKey(%q) = %q, textproto %q", k, got, want)
+		}
+	})
+}
+
 // TestPeek: a head is found across reads without consuming anything; a head larger than the
 // buffer, and a connection that ends first, are told apart.
 func TestPeek(t *testing.T) {

@@ -129,10 +129,6 @@ func (t *h1) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.off || !handles(req) {
 		return t.fallback.RoundTrip(req)
 	}
-	if err := validHeaders(req.Header); err != nil {
-		closeBody(req)
-		return nil, err
-	}
 	ctx := req.Context()
 	host := dialAddr(req.URL)
 	for try := 0; ; try++ {
@@ -187,7 +183,11 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 		return nil, false, err
 	}
 	before := c.lim.total
-	if werr := writeRequest(c.bw, req); werr != nil {
+	if werr := writeRequest(c.bw, req); errors.Is(werr, errInvalidHeader) {
+		// Nothing went out that a server should read (the connection is closed with it), and
+		// another connection would refuse it as well.
+		return fail(werr)
+	} else if werr != nil {
 		// A server (or a proxy in front of it) may answer before it has read the whole body
 		// (413, 400) and close: that answer is the request's, as net/http's Transport gives
 		// it. Nothing else is waited for: the answer is read only if it is already there.
@@ -443,11 +443,20 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	w.WriteString(host)
 	w.WriteString("\r\n")
 	for k, vs := range req.Header {
+		// Names and values that would break the request's framing are refused here, in the
+		// one pass that writes them (nothing was flushed yet: the caller closes the
+		// connection).
+		if !httpguts.ValidHeaderFieldName(k) {
+			return fmt.Errorf("%w name %q", errInvalidHeader, k)
+		}
 		switch k {
 		case "Host", "Content-Length", "Transfer-Encoding", "Connection":
 			continue
 		}
 		for _, v := range vs {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return fmt.Errorf("%w value for %q", errInvalidHeader, k)
+			}
 			w.WriteString(k)
 			w.WriteString(": ")
 			w.WriteString(v)
@@ -489,20 +498,8 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	return w.Flush()
 }
 
-// validHeaders refuses header names and values that would break the request's framing.
-func validHeaders(h http.Header) error {
-	for k, vs := range h {
-		if !httpguts.ValidHeaderFieldName(k) {
-			return fmt.Errorf("upstream: invalid header name %q", k)
-		}
-		for _, v := range vs {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				return fmt.Errorf("upstream: invalid value for header %q", k)
-			}
-		}
-	}
-	return nil
-}
+// errInvalidHeader: a request header whose name or value would break the request's framing.
+var errInvalidHeader = errors.New("upstream: invalid header")
 
 // replayable reports whether req may be sent again after it may have reached the server:
 // an idempotent method, or a request that says it is idempotent (Idempotency-Key), as

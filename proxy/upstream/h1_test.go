@@ -448,20 +448,55 @@ func TestH1HostileAnswers(t *testing.T) {
 	}
 }
 
-// TestH1RefusesBrokenHeaders: a header value that would break the request's framing is
-// refused before anything is sent.
+// TestH1RefusesBrokenHeaders: a header name or value that would break the request's framing
+// is refused as the request is written: the server gets no request, the connection it would
+// have gone on is closed and the request is not tried on another (it would be refused there
+// too); the next good request gets a new connection.
 func TestH1RefusesBrokenHeaders(t *testing.T) {
-	var hits atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
-	defer srv.Close()
-	h, _ := countingH1(t)
-	req := newReq(t, context.Background(), srv.URL, "x")
-	req.Header["X-Evil"] = []string{"a\r\nX-Injected: 1"}
-	if _, err := h.RoundTrip(req); err == nil {
-		t.Fatal("a header with CRLF was sent")
-	}
-	if hits.Load() != 0 {
-		t.Error("the server got the request")
+	for _, tc := range []struct {
+		name, key, value string
+		reused           bool
+	}{
+		{"value with CRLF", "X-Evil", "a\r\nX-Injected: 1", false},
+		{"value with CRLF, kept-alive connection", "X-Evil", "a\r\nX-Injected: 1", true},
+		{"name with a space", "X Evil", "1", true},
+		{"name with a colon", "X-Evil:", "1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var hits atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+			defer srv.Close()
+			h, dials := countingH1(t)
+			if tc.reused {
+				resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, "x"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				readAll(t, resp)
+			}
+			hits0, dials0 := hits.Load(), dials.Load()
+			req := newReq(t, context.Background(), srv.URL, "x")
+			req.Header[tc.key] = []string{tc.value}
+			if _, err := h.RoundTrip(req); !errors.Is(err, errInvalidHeader) {
+				t.Fatalf("err = %v, want errInvalidHeader", err)
+			}
+			if hits.Load() != hits0 {
+				t.Error("the server got the request")
+			}
+			// On the kept-alive connection, no dial; without one, its own dial only.
+			refused := dials.Load() - dials0
+			if want := int64(1); tc.reused && refused != 0 || refused > want {
+				t.Errorf("%d dials for the refused request: it was tried again", refused)
+			}
+			resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, "x"))
+			if err != nil {
+				t.Fatalf("the next request: %v", err)
+			}
+			readAll(t, resp)
+			if want := dials0 + refused + 1; dials.Load() != want {
+				t.Errorf("%d dials after the next request, want %d (the refused request's connection closed)", dials.Load(), want)
+			}
+		})
 	}
 }
 

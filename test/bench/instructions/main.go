@@ -9,7 +9,7 @@
 // over one keep-alive connection, and the counters read. The kernel's work (the system
 // calls) is not counted: that is what the harness's stime shows.
 //
-//	go run ./test/bench/instructions [--sluice BIN] [--n 4000] [--targets sluice,nginx] [--runs 3]
+//	go run ./test/bench/instructions [--sluice BIN] [--n 4000] [--targets sluice,nginx] [--runs 3] [--headers minimal|sdk] [--dump DIR]
 //
 // Targets: sluice (every default on), nginx, and the bare proxies of test/bench/goproxy:
 // own (Sluice's HTTP/1.1 server and upstream client with a handler that only forwards: the
@@ -37,13 +37,43 @@ import (
 
 const body = `{"model":"sim-llama","messages":[{"role":"user","content":"Write one line about the sea."}],"max_tokens":16}`
 
+// extra are the headers each request carries besides Go's client's own (Host, User-Agent,
+// Content-Length, Content-Type, Accept-Encoding).
+var extra map[string]string
+
+// sdkHeaders are those of the official openai-go client (v3: internal/requestconfig) with an
+// API key, arriving through a load balancer that says whom it forwards for.
+var sdkHeaders = map[string]string{
+	"User-Agent":                  "OpenAI/Go 3.98.0",
+	"Accept":                      "application/json",
+	"Authorization":               "Bearer sk-proj-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP",
+	"X-Stainless-Lang":            "go",
+	"X-Stainless-Package-Version": "3.98.0",
+	"X-Stainless-Os":              "Linux",
+	"X-Stainless-Arch":            "x64",
+	"X-Stainless-Runtime":         "go",
+	"X-Stainless-Runtime-Version": "go1.26.8",
+	"X-Stainless-Retry-Count":     "0",
+	"X-Forwarded-For":             "203.0.113.7",
+	"X-Forwarded-Proto":           "https",
+}
+
 func main() {
 	bin := flag.String("sluice", "", "sluice binary (default: build ./cmd/sluice)")
 	n := flag.Int("n", 4000, "requests counted")
 	targets := flag.String("targets", "sluice,nginx", "any of sluice, nginx, own, fasthttp")
 	runs := flag.Int("runs", 3, "counts per target (the least is reported: see run)")
 	dump := flag.String("dump", "", "keep the callgrind dump of each target's least run in this directory (TARGET.callgrind), for callgrind_annotate")
+	headers := flag.String("headers", "minimal", "the requests' headers: minimal (Go's client: 5) or sdk (the official openai-go client's, with a key, behind a load balancer: 16)")
 	flag.Parse()
+	switch *headers {
+	case "minimal":
+	case "sdk":
+		extra = sdkHeaders
+	default:
+		fmt.Fprintln(os.Stderr, "instructions: --headers minimal or sdk")
+		os.Exit(2)
+	}
 	if *n < 100 || *n > 100000 || *runs < 1 || *runs > 10 {
 		fmt.Fprintln(os.Stderr, "instructions: --n 100..100000, --runs 1..10")
 		os.Exit(2)
@@ -282,7 +312,15 @@ func send(addr string, n int) error {
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: time.Minute}
 	for i := range n {
-		resp, err := c.Post("http://"+addr+"/v1/chat/completions", "application/json", bytes.NewReader([]byte(body)))
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader([]byte(body)))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range extra {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
 		if err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
