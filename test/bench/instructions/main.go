@@ -239,7 +239,11 @@ func totals(path string) (float64, error) {
 		line := sc.Text()
 		for _, p := range []string{"totals: ", "summary: "} {
 			if v, ok := strings.CutPrefix(line, p); ok {
-				return strconv.ParseFloat(strings.Fields(v)[0], 64)
+				f := strings.Fields(v)
+				if len(f) == 0 {
+					return 0, fmt.Errorf("%s: an empty %q line", path, strings.TrimSpace(p))
+				}
+				return strconv.ParseFloat(f[0], 64)
 			}
 		}
 	}
