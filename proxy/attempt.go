@@ -487,8 +487,8 @@ var faultHeader, faultHeaderToken = http.CanonicalHeaderKey(fault.Header), http.
 // alarm, not a time.Timer: moving it on every event is an atomic store, and arming it per
 // attempt makes the runtime wake no thread (it fires up to alarm.Grain late).
 type watchdog struct {
-	t       *alarm.Alarm // tv once armed
-	tv      alarm.Alarm
+	t       alarm.Alarm
+	armed   bool // t was started (by startWatchdog or the first beat)
 	idle    time.Duration
 	started atomic.Bool
 	cancel  ender
@@ -501,8 +501,8 @@ type ender interface{ Cancel(cause error) }
 func startWatchdog(ttft, idle time.Duration, cancel ender) *watchdog {
 	w := &watchdog{idle: idle, cancel: cancel}
 	if ttft > 0 {
-		w.t = &w.tv
-		alarm.Start(w.t, ttft, w.fire)
+		w.armed = true
+		alarm.Start(&w.t, ttft, w.fire)
 	}
 	return w
 }
@@ -527,9 +527,9 @@ func (w *watchdog) beatAt(now time.Time) {
 	switch {
 	case w.idle <= 0:
 		w.stop()
-	case w.t == nil:
-		w.t = &w.tv
-		alarm.Start(w.t, w.idle, w.fire)
+	case !w.armed:
+		w.armed = true
+		alarm.Start(&w.t, w.idle, w.fire)
 	case now.IsZero():
 		w.t.Reset(w.idle)
 	default:
@@ -538,7 +538,7 @@ func (w *watchdog) beatAt(now time.Time) {
 }
 
 func (w *watchdog) stop() {
-	if w.t != nil {
+	if w.armed {
 		w.t.Stop()
 	}
 }

@@ -78,7 +78,6 @@ func (t trust) clientOf(r *http.Request) (client string, known bool) {
 	return client, true
 }
 
-// peerAddr is the IP of a RemoteAddr ("ip:port"); invalid when it is none.
 // peerString is peer.String(), without formatting (and allocating) it again when remote
 // already holds it: an IPv4 address parses only from its one canonical text.
 func peerString(remote string, peer netip.Addr) string {
@@ -92,6 +91,7 @@ func peerString(remote string, peer netip.Addr) string {
 	return peer.String()
 }
 
+// peerAddr is the IP of a RemoteAddr ("ip:port"); invalid when it is none.
 func peerAddr(remote string) netip.Addr {
 	if ap, err := netip.ParseAddrPort(remote); err == nil {
 		return ap.Addr().Unmap()

@@ -27,10 +27,10 @@ import (
 type exchange struct {
 	w         http.ResponseWriter
 	r         *http.Request
-	rc        *http.ResponseController // the client connection's deadlines
+	rc        http.ResponseController // the client connection's deadlines
 	flusher   http.Flusher
 	id        string
-	idValue   []string // id as a header value (idHeader), shared by the answer's and the upstream requests' headers
+	idv       [1]string // id as a header value (idHeader), shared by the answer's and the upstream requests' headers
 	start     time.Time
 	preq      *policy.Request
 	committed bool // headers went to the client: no more retries, errors go in-band
@@ -59,19 +59,16 @@ type exchange struct {
 	body       *bodyDeadline   // the body under the body time-out, nil when none
 	write      *deadlineWriter // the write time-out on the client's writer (under any chaos wrapper), nil when none
 
-	// The parts above that every request has, held here: one allocation, not four.
-	rcv    http.ResponseController
+	// What write and body point to when set, held here: one allocation, not three.
 	writev deadlineWriter
 	bodyv  bodyDeadline
-	idv    [1]string // idValue's array
 }
 
 func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *exchange {
 	ex := &exchange{r: r, start: time.Now()}
-	ex.rcv = *http.NewResponseController(w)
-	ex.rc = &ex.rcv
+	ex.rc = *http.NewResponseController(w)
 	if write > 0 {
-		ex.writev = deadlineWriter{ResponseWriter: w, rc: ex.rc, d: write, h2: r.ProtoMajor == 2}
+		ex.writev = deadlineWriter{ResponseWriter: w, rc: &ex.rc, d: write, h2: r.ProtoMajor == 2}
 		ex.write = &ex.writev
 		if !ex.write.h2 {
 			// Every write on the connection is bounded from the request's start: the
@@ -412,14 +409,14 @@ func (r *result) retryAfter() time.Duration {
 // failed is the result of a request that failed before any attempt.
 func failed(f *policy.Failure) result { return result{fail: f, status: f.Status} }
 
-// idHeader is the request id as a header value, made once per exchange (however the exchange
-// was built: the batcher makes its own).
+// idHeader is the request id as a header value, the exchange's own (however the exchange was
+// built: the batcher makes its own), its capacity its length as headerValue's: an Add to one
+// map copies it.
 func (ex *exchange) idHeader() []string {
-	if ex.idValue == nil {
+	if ex.idv[0] == "" {
 		ex.idv[0] = ex.id
-		ex.idValue = ex.idv[:1:1] // as headerValue's: an Add to one map copies it
 	}
-	return ex.idValue
+	return ex.idv[:1:1]
 }
 
 // headerValue is a header's value list of v alone, for values shared between header maps and

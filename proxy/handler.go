@@ -56,7 +56,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// lifted once the body is read (the server then watches the connection for the
 		// client going away, which a deadline would fake).
 		_ = ex.rc.SetReadDeadline(ex.start.Add(d))
-		ex.bodyv = bodyDeadline{ReadCloser: r.Body, rc: ex.rc}
+		ex.bodyv = bodyDeadline{ReadCloser: r.Body, rc: &ex.rc}
 		ex.body = &ex.bodyv
 		r.Body = ex.body
 	}

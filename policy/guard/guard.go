@@ -1,6 +1,7 @@
-// Package guard is the prompt-explosion guard: a policy.Admitter that rejects requests whose size or shape would starve everyone else on the model server,
-// isolates the tenants that send them with per-(route, tenant) circuit breakers, and degrades
-// a route in stages when explosions or load pile up. It is registered as policy type "guard".
+// Package guard is the prompt-explosion guard: a policy.Admitter that rejects requests whose
+// size or shape would starve everyone else on the model server, isolates the tenants that
+// send them with per-(route, tenant) circuit breakers, and degrades a route in stages when
+// explosions or load pile up. It is registered as policy type "guard".
 // It offers the gateway its breakers and level as its admin view (policy.Viewer), its counters
 // as metrics (policy.MetricsReporter, view.go) and a tenant's breaker reset (policy.Resetter).
 //

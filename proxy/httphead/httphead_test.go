@@ -133,6 +133,17 @@ func TestPeek(t *testing.T) {
 	}
 }
 
+// BenchmarkEnd: the end of a request's head as Go's client sends one (six lines).
+func BenchmarkEnd(b *testing.B) {
+	head := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:22101\r\nUser-Agent: Go-http-client/1.1\r\n" +
+		"Content-Length: 108\r\nContent-Type: application/json\r\nAccept-Encoding: gzip\r\n\r\n")
+	for b.Loop() {
+		if n, _ := End(head, 0); n != len(head) {
+			b.Fatalf("End = %d, want %d", n, len(head))
+		}
+	}
+}
+
 // BenchmarkCanonicalKey: the names a request and an answer carry, in the cases clients and
 // servers send them.
 func BenchmarkCanonicalKey(b *testing.B) {

@@ -36,13 +36,13 @@ import (
 // (every Scope must end: a Scope made in a Scope is listed there until it does).
 type Scope struct {
 	values context.Context // what Value asks past the Scope's own key
-	parent *Scope          // the Scope it is listed in, or nil
+	parent *Scope          // the Scope it is made in (listed there while both live), or nil
 	stop   func() bool     // the watch of a parent that is not a Scope (context.AfterFunc), or nil; guarded by mu
 
-	deadline time.Time    // the deadline Deadline reports (the parent's when it is earlier)
-	dlCause  error        // the cause of ending at the Scope's own deadline
-	timer    *alarm.Alarm // timerv when armed; guarded by mu
-	timerv   alarm.Alarm
+	deadline time.Time // the deadline Deadline reports (the parent's when it is earlier)
+	dlCause  error     // the cause of ending at the Scope's own deadline
+	timer    alarm.Alarm
+	armed    bool // timer was started; guarded by mu
 
 	state atomic.Uint32                 // live, cancelled or expired: Err without the lock
 	done  atomic.Pointer[chan struct{}] // made by the first Done
@@ -110,8 +110,8 @@ func New(parent, values context.Context, deadline time.Time, cause error) *Scope
 		if wait := time.Until(deadline); wait > 0 {
 			s.mu.Lock()
 			if s.state.Load() == live {
-				s.timer = &s.timerv
-				alarm.Start(s.timer, wait, s.expire)
+				s.armed = true
+				alarm.Start(&s.timer, wait, s.expire)
 			}
 			s.mu.Unlock()
 		} else {
@@ -125,15 +125,10 @@ func New(parent, values context.Context, deadline time.Time, cause error) *Scope
 // watches parent with context.AfterFunc; s ends at once if parent has ended.
 func (s *Scope) attach(parent context.Context) {
 	if p, ok := scopeOf(parent); ok {
-		p.mu.Lock()
-		if p.state.Load() == live {
-			s.parent = p
-			p.push(&s.self)
-			p.mu.Unlock()
-			return
+		s.parent = p // before it is listed: p's end reads it
+		if !p.listen(&s.self) {
+			s.end(p.Err(), p.Cause())
 		}
-		p.mu.Unlock()
-		s.end(p.Err(), p.Cause())
 		return
 	}
 	done := parent.Done()
@@ -223,11 +218,11 @@ func (s *Scope) end(err, cause error) {
 	if d := s.done.Load(); d != nil {
 		close(*d)
 	}
-	t, stop := s.timer, s.stop
+	armed, stop, listed := s.armed, s.stop, s.first != nil
 	s.mu.Unlock()
 
-	if t != nil {
-		t.Stop()
+	if armed {
+		s.timer.Stop()
 	}
 	if p := s.parent; p != nil {
 		p.mu.Lock()
@@ -239,7 +234,7 @@ func (s *Scope) end(err, cause error) {
 	// What was listed, newest first, each taken out under the lock before it runs (nothing is
 	// listed any more: s has ended): a Stop from now on reports false, and a node taken is
 	// this goroutine's alone (a Hook that its owner watches again gets a node of its own).
-	for {
+	for listed {
 		s.mu.Lock()
 		n := s.first
 		if n == nil {
@@ -255,6 +250,25 @@ func (s *Scope) end(err, cause error) {
 			f()
 		}
 	}
+}
+
+// listen lists n in s, unless s has ended (false: the caller runs n's function itself).
+func (s *Scope) listen(n *node) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state.Load() != live {
+		return false
+	}
+	s.push(n)
+	return true
+}
+
+// unlisten takes n out of s: false when it was not listed (s's end has taken it to run it,
+// or it was taken out before).
+func (s *Scope) unlisten(n *node) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unlink(n)
 }
 
 // Deadline is the earlier of the Scope's deadline and its parent's.
@@ -322,20 +336,9 @@ func (s *Scope) Value(k any) any {
 // has ended. stop unregisters f: it reports whether it stopped f from running. The
 // standard library uses it for the contexts made from s.
 func (s *Scope) AfterFunc(f func()) (stop func() bool) {
-	n := &node{f: f}
-	s.mu.Lock()
-	if s.state.Load() != live {
-		s.mu.Unlock()
-		go f()
-		return func() bool { return false }
-	}
-	s.push(n)
-	s.mu.Unlock()
-	return func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.unlink(n)
-	}
+	h := &Hook{}
+	h.watch(s, f)
+	return h.Stop
 }
 
 // Hook is a function to run when a context ends, held in its caller's memory: watching a
@@ -357,24 +360,22 @@ func (h *Hook) Watch(ctx context.Context, f func()) {
 		h.s, h.stop = nil, context.AfterFunc(ctx, f)
 		return
 	}
+	h.watch(s, f)
+}
+
+// watch lists h in s to run f, or runs f at once in a goroutine of its own if s has ended.
+func (h *Hook) watch(s *Scope, f func()) {
 	h.s, h.stop, h.n = s, nil, node{f: f}
-	s.mu.Lock()
-	if s.state.Load() != live {
-		s.mu.Unlock()
+	if !s.listen(&h.n) {
 		go f()
-		return
 	}
-	s.push(&h.n)
-	s.mu.Unlock()
 }
 
 // Stop ends the watch: it reports whether it stopped the function from running (false when
 // it ran, is running, or the Hook was not watching).
 func (h *Hook) Stop() bool {
 	if s := h.s; s != nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.unlink(&h.n)
+		return s.unlisten(&h.n)
 	}
 	if h.stop != nil {
 		return h.stop()

@@ -444,8 +444,8 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	w.WriteString("\r\n")
 	for k, vs := range req.Header {
 		// Names and values that would break the request's framing are refused here, in the
-		// one pass that writes them (nothing was flushed yet: the caller closes the
-		// connection).
+		// one pass that writes them: the caller closes the connection, so a server never
+		// reads a whole request (a head larger than the buffer may have gone out in part).
 		if !httpguts.ValidHeaderFieldName(k) {
 			return fmt.Errorf("%w name %q", errInvalidHeader, k)
 		}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -48,6 +49,58 @@ func TestClientHeadersNeverForwarded(t *testing.T) {
 	}
 	if h.Get("X-Keep") != "yes" {
 		t.Error("an ordinary header was dropped")
+	}
+}
+
+// TestClientHeadersAsSDKsSendThem: the same rules for a request whose header names arrive in
+// lower case, as httpx-based SDKs (the official Python client) send them, through a load
+// balancer that appends to X-Forwarded-For and lists a header of its own in Connection: the
+// gateway's headers, the URL overrides, the hop-by-hop ones, Accept-Encoding (the tap reads
+// the answer as the model server wrote it) and the length stay out; the trace context and the
+// forwarded-for chain go on, with the balancer's address appended; the SDK's own pass.
+func TestClientHeadersAsSDKsSendThem(t *testing.T) {
+	rec := startRecorder(t, nil)
+	g := startGateway(t, oneRoute("    health_check: {disabled: true}\n", "", rec.URL))
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	c, err := net.Dial("tcp", g.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\naccept: application/json\r\n"+
+		"accept-encoding: gzip, deflate\r\ncontent-type: application/json\r\nuser-agent: OpenAI/Python 1.99.0\r\n"+
+		"x-stainless-lang: python\r\nx-stainless-retry-count: 0\r\nauthorization: Bearer sk-client\r\n"+
+		"x-forwarded-for: 203.0.113.7\r\nx-forwarded-proto: https\r\nx-forwarded-host: evil.example\r\n"+
+		"x-original-url: /admin\r\nx-sluice-fault: abort\r\ntraceparent: %s\r\n"+
+		"connection: keep-alive, x-lb-hop\r\nx-lb-hop: 1\r\ncontent-length: %d\r\n\r\n%s", tp, len(plainBody), plainBody)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	hs := rec.all()
+	if len(hs) != 1 {
+		t.Fatalf("%d upstream requests", len(hs))
+	}
+	h := hs[0]
+	for _, k := range []string{"X-Sluice-Fault", "X-Original-Url", "X-Forwarded-Host", "X-Lb-Hop", "Accept-Encoding"} {
+		if v := h.Get(k); v != "" {
+			t.Errorf("%s reached the model server: %q", k, v)
+		}
+	}
+	for k, want := range map[string]string{
+		"Traceparent": tp, "X-Forwarded-For": "203.0.113.7, 127.0.0.1", "X-Forwarded-Proto": "http",
+		"Authorization": "Bearer sk-client", "X-Stainless-Lang": "python", "User-Agent": "OpenAI/Python 1.99.0",
+		"Content-Length": strconv.Itoa(len(plainBody)),
+	} {
+		if got := h.Get(k); got != want {
+			t.Errorf("%s: %q, want %q", k, got, want)
+		}
 	}
 }
 
