@@ -11,6 +11,10 @@
 //     (getrusage: user and system, every thread) and divides what it grew by the time that
 //     passed: the processors' use in that sample; on one processor, when the requests in
 //     flight reach a multiple of 16 (Begin), it also takes a sample of Probe from then on;
+//   - on one processor, requests in flight that grew by Jump or more since the last sample
+//     (Begin: a burst of arrivals, not a level of long streams) count as a sample with the
+//     processor saturated, at once: the burst's first requests are not served on one
+//     processor while a sample is taken;
 //   - it raises the processors at once when one sample's use exceeds Burst of those there are
 //     (a burst: they are nearly all busy) or the mean of the last Short samples exceeds Up of
 //     them, to enough for that use at Up each, at least one more;
@@ -46,6 +50,7 @@ type Params struct {
 	Every  time.Duration // between two samples
 	Idle   time.Duration // between two samples on one processor while the last was idle (under 5%)
 	Probe  time.Duration // a short sample taken when requests pile up on one processor (Begin)
+	Jump   int           // requests in flight grown by this many since the last sample rise at once (0: never)
 	Burst  float64       // raise when one sample's use exceeds Burst × processors
 	Up     float64       // raise when the Short samples' mean exceeds Up × processors
 	Down   float64       // lower when the Window samples' mean fits in fewer at Down each
@@ -54,12 +59,13 @@ type Params struct {
 }
 
 // Defaults are the gateway's thresholds: a burst is noticed at the next sample (50 ms; 250
-// ms from idle, or 5 ms once 16 requests are in flight), a falling load after 40 samples;
+// ms from idle, or 5 ms once 16 requests are in flight; at once when 64 more are in flight
+// than at the last sample), a falling load after 40 samples;
 // one processor is kept while it is at most 40% busy (so that a request seldom waits for
 // another's: at 60% a first version kept one processor at 5,000 req/s and its p99 grew from
 // 5–13 to 16–156 ms, docs/performance.md), and is gone back to when two together are at
 // most a third busy.
-var Defaults = Params{Every: 50 * time.Millisecond, Idle: 250 * time.Millisecond, Probe: 5 * time.Millisecond, Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 40}
+var Defaults = Params{Every: 50 * time.Millisecond, Idle: 250 * time.Millisecond, Probe: 5 * time.Millisecond, Jump: 64, Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 40}
 
 // Decider turns the samples of use into the processors to run with. It is the Controller's
 // arithmetic, without clocks or the runtime.
@@ -183,11 +189,24 @@ func (c *Controller) run(ctx context.Context, start int) {
 	single.Store(start == 1)
 	defer single.Store(false)
 	probing := false
+	sampled := inflight.Load() // requests in flight at the last sample
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-kick:
+			if d.Procs() == 1 && c.p.Jump > 0 && inflight.Load()-sampled >= int64(c.p.Jump) {
+				// A burst of arrivals: as many requests as Jump came in since the last
+				// sample and are still running. It is served on one processor for as long as
+				// a probe would take to say so: rise as a saturated sample would.
+				c.apply(d, float64(d.Procs()), "requests_in_flight", inflight.Load())
+				sampled, probing, lastAt = inflight.Load(), false, time.Now()
+				if last, ok = c.cpu(); !ok {
+					return
+				}
+				t.Reset(c.p.Every)
+				continue
+			}
 			// Requests pile up on one processor: a short sample from now says at once
 			// whether it is saturated (a burst), instead of the next regular one (up to
 			// Idle away). Kicks during a probe, and within Every of a sample, are ignored:
@@ -215,30 +234,35 @@ func (c *Controller) run(ctx context.Context, start int) {
 				continue
 			}
 			use := float64(cpu-last) / float64(wall)
-			last, lastAt = cpu, now
-			before := d.Procs()
-			n, changed := d.Observe(use)
+			last, lastAt, sampled = cpu, now, inflight.Load()
+			c.apply(d, use, "cpu_use", math.Round(use*100)/100)
 			next := c.p.Every
-			if n == 1 && use < 0.05 && c.p.Idle > next {
+			if d.Procs() == 1 && use < 0.05 && c.p.Idle > next {
 				next = c.p.Idle // an idle gateway wakes 4 times a second, not 20
 			}
 			t.Reset(next)
-			if !changed {
-				continue
-			}
-			if n > before {
-				// Rising: the runtime's ceiling may have moved (a resized container).
-				d.SetCeiling(c.rt.Default())
-			}
-			c.rt.Set(d.Procs()) // also after Default: the sizing is the Controller's again
-			if d.Procs() == before {
-				continue // the ceiling fell to where it was
-			}
-			single.Store(d.Procs() == 1)
-			c.log.Debug("processors resized to the load", "gomaxprocs", d.Procs(), "was", before,
-				"cpu_use", math.Round(use*100)/100)
 		}
 	}
+}
+
+// apply gives d one sample's use and sets the runtime's processors when they change; why
+// and its value say what moved them in the log.
+func (c *Controller) apply(d *Decider, use float64, why string, value any) {
+	before := d.Procs()
+	n, changed := d.Observe(use)
+	if !changed {
+		return
+	}
+	if n > before {
+		// Rising: the runtime's ceiling may have moved (a resized container).
+		d.SetCeiling(c.rt.Default())
+	}
+	c.rt.Set(d.Procs()) // also after Default: the sizing is the Controller's again
+	if d.Procs() == before {
+		return // the ceiling fell to where it was
+	}
+	single.Store(d.Procs() == 1)
+	c.log.Debug("processors resized to the load", "gomaxprocs", d.Procs(), "was", before, why, value)
 }
 
 // kickEvery is how many requests in flight, at each multiple, wake the Controller for a

@@ -274,6 +274,49 @@ func TestBurstProbe(t *testing.T) {
 	}
 }
 
+// TestBurstJump: on one processor, requests arriving together rise at once, before any
+// sample could show the processor busy (the fake CPU stays idle, and the probe is an hour
+// away); requests in flight that only crept up since the last
+// sample (long streams, one by one) do not.
+func TestBurstJump(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		before   int // in flight, then samples taken
+		after    int // more in flight after those samples
+		wantRise bool
+	}{
+		{"a burst from idle", 0, Defaults.Jump, true},
+		{"a burst on top of long streams", 40, Defaults.Jump + kickEvery, true},
+		{"long streams creeping up", 60, 4, false},
+		{"fewer than a jump", 0, Defaults.Jump - kickEvery, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeRuntime{procs: 2, ceiling: 2}
+			p := Params{Every: 10 * time.Millisecond, Idle: 10 * time.Millisecond, Probe: time.Hour, Jump: Defaults.Jump,
+				Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 3}
+			release := acquire(nil, p, f, f.clock, false)
+			defer release()
+			defer func() { inflight.Store(0) }()
+			waitProcs(t, f, 1)
+			for range tc.before {
+				Begin()
+			}
+			time.Sleep(50 * time.Millisecond) // regular samples (every 10 ms) see them
+			for range tc.after { // within microseconds: between two samples
+				Begin()
+			}
+			if !tc.wantRise {
+				time.Sleep(20 * time.Millisecond)
+				if got := f.Current(); got != 1 {
+					t.Fatalf("processors %d (set: %v), want 1: %d in flight grew by %d", got, f.setsSoFar(), tc.before+tc.after, tc.after)
+				}
+				return
+			}
+			waitProcs(t, f, 2)
+		})
+	}
+}
+
 // TestBeginWithoutController: Begin and End keep their count with no Controller and never
 // block, whatever the count.
 func TestBeginWithoutController(t *testing.T) {
