@@ -78,14 +78,14 @@ func (t trust) clientOf(r *http.Request) (client string, known bool) {
 	return client, true
 }
 
-// peerString is peer.String(), without formatting (and allocating) it again when remote
-// already holds it: an IPv4 address parses only from its one canonical text.
+// peerString is peer.String() for peer = peerAddr(remote), without formatting (and
+// allocating) it again when remote already holds it.
 func peerString(remote string, peer netip.Addr) string {
-	if peer.Is4() {
-		if i := strings.LastIndexByte(remote, ':'); i > 0 {
-			if a, err := netip.ParseAddr(remote[:i]); err == nil && a == peer {
-				return remote[:i]
-			}
+	// With one colon and no bracket, peerAddr parsed peer from remote[:i] (otherwise from an
+	// IPv4-mapped IPv6 address, unmapped); an IPv4 address parses only from its canonical text.
+	if peer.Is4() && remote[0] != '[' {
+		if i := strings.IndexByte(remote, ':'); i > 0 && strings.LastIndexByte(remote, ':') == i {
+			return remote[:i]
 		}
 	}
 	return peer.String()

@@ -66,8 +66,21 @@ func FuzzClientOf(f *testing.F) {
 
 // TestPeerString: the client's address as netip formats it, taken from RemoteAddr when that
 // holds it already (IPv4), formatted otherwise.
+func FuzzPeerString(f *testing.F) {
+	for _, remote := range []string{"1.2.3.4:5678", "[::ffff:10.0.0.1]:443", "10.0.0.1", "1.2.3.4:junk", "[fe80::1%eth0]:9"} {
+		f.Add(remote)
+	}
+	f.Fuzz(func(t *testing.T, remote string) {
+		peer := peerAddr(remote)
+		if got, want := peerString(remote, peer), peer.String(); got != want {
+			t.Errorf("%q: %q, want %q", remote, got, want)
+		}
+	})
+}
+
 func TestPeerString(t *testing.T) {
-	for _, remote := range []string{"1.2.3.4:5678", "127.0.0.1:1", "[::1]:80", "[::ffff:10.0.0.1]:443", "[fe80::1%eth0]:9", "10.0.0.1", "junk", ""} {
+	for _, remote := range []string{"1.2.3.4:5678", "127.0.0.1:1", "[::1]:80", "[::ffff:10.0.0.1]:443", "[fe80::1%eth0]:9", "10.0.0.1", "junk", "",
+		"1.2.3.4:junk", "01.2.3.4:5", "1.2.3.4%eth0:5", "::ffff:1.2.3.4", "1.2.3.4:", ":5", "1.2.3.4:5:6", "[1.2.3.4]:5", "1.2.3.4::5"} {
 		peer := peerAddr(remote)
 		if got, want := peerString(remote, peer), peer.String(); got != want {
 			t.Errorf("%q: %q, want %q", remote, got, want)

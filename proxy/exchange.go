@@ -474,6 +474,17 @@ func hasDotSegment(p string) bool {
 	if strings.IndexByte(p, '\\') >= 0 {
 		return true
 	}
+	if strings.IndexByte(p, '.') < 0 {
+		// No "." or ".." segment without a dot (every request of the API's paths): only an
+		// empty segment is left, a "//" that neither starts the path nor ends it.
+		k := strings.Index(p, "//")
+		return k >= 0 && k+2 < len(p)
+	}
+	return walkDotSegments(p)
+}
+
+// walkDotSegments is hasDotSegment's walk over the segments of p, for a p with a dot.
+func walkDotSegments(p string) bool {
 	for i := 0; p != ""; i++ {
 		var seg string
 		seg, p, _ = strings.Cut(p, "/")

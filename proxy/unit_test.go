@@ -368,6 +368,30 @@ func TestIsAPIPath(t *testing.T) {
 	}
 }
 
+// TestHasDotSegmentFastPath: the path without a dot is decided without walking its
+// segments, as the walk decides it.
+func TestHasDotSegmentFastPath(t *testing.T) {
+	for _, p := range []string{"", "/", "//", "///", "/v1", "/v1/", "/v1//", "/v1///", "//v1", "/v1//chat",
+		"/v1/chat/completions", "/v1/chat/completions/", "v1//", "a//b", "/;x", "/v1/;/x", "/v1/models/a;b",
+		"\\", "/v1\\chat", "/v1/./x", "/v1/x.y"} {
+		want := strings.IndexByte(p, '\\') >= 0 || walkDotSegments(p)
+		if got := hasDotSegment(p); got != want {
+			t.Errorf("hasDotSegment(%q) = %v, the walk says %v", p, got, want)
+		}
+	}
+}
+
+func FuzzHasDotSegment(f *testing.F) {
+	for _, p := range []string{"/v1/chat/completions", "/v1//x", "/v1/../x", "/v1/..;a/x", "//", "/v1/"} {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		if got, want := hasDotSegment(p), strings.IndexByte(p, '\\') >= 0 || walkDotSegments(p); got != want {
+			t.Errorf("hasDotSegment(%q) = %v, the walk says %v", p, got, want)
+		}
+	})
+}
+
 // attemptsValue's header values are shared for small counts (capped, so an Add copies).
 func TestAttemptsValue(t *testing.T) {
 	if v := attemptsValue(3); !reflect.DeepEqual(v, []string{"3"}) || cap(v) != 1 {

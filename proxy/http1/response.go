@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/net/http/httpguts"
-
 	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
@@ -139,7 +137,7 @@ func (r *response) appendHeaders(b []byte) []byte {
 			}
 			continue
 		}
-		if !httpguts.ValidHeaderFieldName(k) {
+		if !httphead.ValidName(k) {
 			continue
 		}
 		for _, v := range vv {
@@ -183,7 +181,7 @@ func appendConnection(b []byte, vv []string) []byte {
 
 func appendValue(b []byte, v string) []byte {
 	v = textproto.TrimString(v)
-	if !strings.ContainsAny(v, "\r\n") {
+	if strings.IndexByte(v, '\n') < 0 && strings.IndexByte(v, '\r') < 0 {
 		return append(b, v...)
 	}
 	for i := 0; i < len(v); i++ {

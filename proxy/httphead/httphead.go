@@ -87,10 +87,15 @@ func Header(s string, common map[string]string) (h http.Header, ok bool) {
 			return nil, false
 		}
 		key, value := line[:colon], textproto.TrimString(line[colon+1:])
-		if !httpguts.ValidHeaderFieldName(key) || !httpguts.ValidHeaderFieldValue(value) {
-			return nil, false // includes a folded line (leading white space) and "Name :"
+		if !ValidValue(value) {
+			return nil, false
 		}
-		key = CanonicalKey(key, common)
+		if !canonical(key) { // a canonical name is a valid one, as most clients send them
+			if !ValidName(key) {
+				return nil, false // includes a folded line (leading white space) and "Name :"
+			}
+			key = CanonicalKey(key, common)
+		}
 		if old := h[key]; old == nil {
 			vals = append(vals, value)
 			h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
@@ -133,29 +138,63 @@ func CanonicalKey(k string, common map[string]string) string {
 }
 
 // canonical reports whether k is a token in canonical form (upper case first and after each
-// hyphen, lower case elsewhere), as textproto.CanonicalMIMEHeaderKey would return it.
+// hyphen, lower case elsewhere), as textproto.CanonicalMIMEHeaderKey would return it: one
+// table lookup a byte (nameByte).
 func canonical(k string) bool {
 	if k == "" {
 		return false
 	}
-	upper := true
+	mask := uint8(badFirst)
 	for i := 0; i < len(k); i++ {
-		c := k[i]
-		switch {
-		case !tokenByte[c]:
-			return false
-		case upper && 'a' <= c && c <= 'z', !upper && 'A' <= c && c <= 'Z':
+		t := nameByte[k[i]]
+		if t&mask != 0 {
 			return false
 		}
-		upper = c == '-'
+		mask = t >> 4
 	}
 	return true
 }
 
-// tokenByte holds the bytes of an HTTP token (a header name).
-var tokenByte = func() (t [256]bool) {
+// ValidName reports whether k is a valid header field name (a token), as
+// httpguts.ValidHeaderFieldName does, a byte at a time.
+func ValidName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if nameByte[k[i]]&badAny != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// nameByte classifies the bytes of a header name: badFirst, badInside (a byte that may not
+// stand first in a hyphen-separated word of a canonical name, or elsewhere in one), badAny
+// (not a token byte), and in the high nibble the mask for the next byte (badFirst after a
+// hyphen, badInside after anything else).
+const (
+	badFirst  = 1 << 0
+	badInside = 1 << 1
+	badAny    = 1 << 2
+)
+
+var nameByte = func() (t [256]uint8) {
 	for c := range t {
-		t[c] = httpguts.IsTokenRune(rune(c))
+		var v uint8
+		switch {
+		case !httpguts.IsTokenRune(rune(c)):
+			v = badFirst | badInside | badAny
+		case 'a' <= c && c <= 'z':
+			v = badFirst
+		case 'A' <= c && c <= 'Z':
+			v = badInside
+		}
+		next := uint8(badInside)
+		if c == '-' {
+			next = badFirst
+		}
+		t[c] = v | next<<4
 	}
 	return t
 }()

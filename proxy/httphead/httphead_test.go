@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 func TestHeader(t *testing.T) {
@@ -155,6 +157,67 @@ func BenchmarkCanonicalKey(b *testing.B) {
 	for b.Loop() {
 		for _, k := range names {
 			_ = CanonicalKey(k, common)
+		}
+	}
+}
+
+func TestValidValue(t *testing.T) {
+	for _, v := range []string{"", "a", "application/json", "Bearer sk-0123456789abcdef", "tab\there", "\t", "x\x7f",
+		"0123456\x7f", "01234567\x7f", "\x00", "0123456789abcdef\x01", "ünïcödé obs-text \xff\x80", "line\r\nInjected: 1",
+		"01234567\t", "\x1f1234567", "abcdefg\x1f", strings.Repeat("a", 64) + "\n"} {
+		if got, want := ValidValue(v), httpguts.ValidHeaderFieldValue(v); got != want {
+			t.Errorf("ValidValue(%q) = %v, httpguts says %v", v, got, want)
+		}
+	}
+}
+
+func FuzzValidValue(f *testing.F) {
+	for _, v := range []string{"application/json", "tab\there", "01234567\x7f", "\xff\x80\x7f\x20\x1f"} {
+		f.Add(v)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		if got, want := ValidValue(v), httpguts.ValidHeaderFieldValue(v); got != want {
+			t.Errorf("ValidValue(%q) = %v, httpguts says %v", v, got, want)
+		}
+	})
+}
+
+func BenchmarkValidValue(b *testing.B) {
+	v := "Bearer sk-proj-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP"
+	b.Run("httpguts", func(b *testing.B) {
+		for b.Loop() {
+			_ = httpguts.ValidHeaderFieldValue(v)
+		}
+	})
+	b.Run("ValidValue", func(b *testing.B) {
+		for b.Loop() {
+			_ = ValidValue(v)
+		}
+	})
+}
+
+func FuzzValidName(f *testing.F) {
+	for _, k := range []string{"Content-Type", "x-a", "", "X Y", "Ä", "A\x7f", "!#$%&'*+-.^_`|~", "a:b"} {
+		f.Add(k)
+	}
+	f.Fuzz(func(t *testing.T, k string) {
+		if got, want := ValidName(k), httpguts.ValidHeaderFieldName(k); got != want {
+			t.Errorf("ValidName(%q) = %v, httpguts says %v", k, got, want)
+		}
+		// A canonical name is a valid one, and CanonicalKey returns it as it is.
+		if canonical(k) && (!ValidName(k) || textproto.CanonicalMIMEHeaderKey(k) != k) {
+			t.Errorf("canonical(%q), but valid %v and textproto makes it %q", k, ValidName(k), textproto.CanonicalMIMEHeaderKey(k))
+		}
+	})
+}
+
+// TestCanonical: canonical says what textproto would leave as it is, for valid names.
+func TestCanonical(t *testing.T) {
+	for _, k := range []string{"Content-Type", "content-type", "X-Stainless-Os", "X-A", "X", "x", "-", "A-", "-A", "A--B",
+		"1-2", "X-1a", "X-1A", "Www-Authenticate", "WWW-Authenticate", "X_Y", "X.y", "X.Y", "Te", "TE", "A-b"} {
+		want := ValidName(k) && textproto.CanonicalMIMEHeaderKey(k) == k
+		if got := canonical(k); got != want {
+			t.Errorf("canonical(%q) = %v, want %v (textproto: %q)", k, got, want, textproto.CanonicalMIMEHeaderKey(k))
 		}
 	}
 }

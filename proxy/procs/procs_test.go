@@ -302,7 +302,8 @@ func TestBurstJump(t *testing.T) {
 				Begin()
 			}
 			time.Sleep(50 * time.Millisecond) // regular samples (every 10 ms) see them
-			for range tc.after { // within microseconds: between two samples
+			// Within microseconds: between two samples.
+			for range tc.after {
 				Begin()
 			}
 			if !tc.wantRise {

@@ -17,8 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/net/http/httpguts"
-
+	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/proxy/socket"
 )
@@ -421,13 +420,27 @@ func (t *h1) CloseIdleConnections() {
 	t.fallback.CloseIdleConnections()
 }
 
+// writeURI writes u's request target: its opaque form when it has one, else
+// u.RequestURI() without making the string.
+func writeURI(w *bufio.Writer, u *url.URL) {
+	if u.Opaque != "" {
+		w.WriteString(u.Opaque)
+		return
+	}
+	if p := u.EscapedPath(); p != "" {
+		w.WriteString(p)
+	} else {
+		w.WriteByte('/')
+	}
+	if u.ForceQuery || u.RawQuery != "" {
+		w.WriteByte('?')
+		w.WriteString(u.RawQuery)
+	}
+}
+
 // writeRequest writes req as HTTP/1.1: the request line, Host, the headers, Content-Length,
 // and the body.
 func writeRequest(w *bufio.Writer, req *http.Request) error {
-	uri := req.URL.RequestURI()
-	if req.URL.Opaque != "" {
-		uri = req.URL.Opaque
-	}
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet
@@ -438,7 +451,7 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	}
 	w.WriteString(method)
 	w.WriteByte(' ')
-	w.WriteString(uri)
+	writeURI(w, req.URL)
 	w.WriteString(" HTTP/1.1\r\nHost: ")
 	w.WriteString(host)
 	w.WriteString("\r\n")
@@ -446,7 +459,7 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 		// Names and values that would break the request's framing are refused here, in the
 		// one pass that writes them: the caller closes the connection, so a server never
 		// reads a whole request (a head larger than the buffer may have gone out in part).
-		if !httpguts.ValidHeaderFieldName(k) {
+		if !httphead.ValidName(k) {
 			return fmt.Errorf("%w name %q", errInvalidHeader, k)
 		}
 		switch k {
@@ -454,7 +467,7 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 			continue
 		}
 		for _, v := range vs {
-			if !httpguts.ValidHeaderFieldValue(v) {
+			if !httphead.ValidValue(v) {
 				return fmt.Errorf("%w value for %q", errInvalidHeader, k)
 			}
 			w.WriteString(k)

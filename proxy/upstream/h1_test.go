@@ -701,3 +701,35 @@ func TestDialAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteURI: the request target written is the URL's RequestURI (its opaque form when it
+// has one), made without the string.
+func TestWriteURI(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		u    *url.URL
+	}{
+		{"path", &url.URL{Scheme: "http", Host: "h", Path: "/v1/chat/completions"}},
+		{"empty path", &url.URL{Scheme: "http", Host: "h"}},
+		{"escaped path", &url.URL{Scheme: "http", Host: "h", Path: "/v1/models/org/name", RawPath: "/v1/models/org%2Fname"}},
+		{"a raw path that is not the path's", &url.URL{Scheme: "http", Host: "h", Path: "/v1/a b", RawPath: "/v1/x"}},
+		{"query", &url.URL{Scheme: "http", Host: "h", Path: "/v1/models", RawQuery: "a=1&b=%20"}},
+		{"forced empty query", &url.URL{Scheme: "http", Host: "h", Path: "/v1/models", ForceQuery: true}},
+		{"query without path", &url.URL{Scheme: "http", Host: "h", RawQuery: "x"}},
+		{"opaque", &url.URL{Scheme: "http", Opaque: "/raw/target", RawQuery: "q=1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			w := bufio.NewWriter(&b)
+			writeURI(w, tc.u)
+			_ = w.Flush()
+			want := tc.u.RequestURI()
+			if tc.u.Opaque != "" {
+				want = tc.u.Opaque
+			}
+			if b.String() != want {
+				t.Errorf("wrote %q, want %q", b.String(), want)
+			}
+		})
+	}
+}

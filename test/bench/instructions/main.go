@@ -328,10 +328,10 @@ func send(addr string, n int) error {
 		if err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("request %d: status %d", i, resp.StatusCode)
+			return fmt.Errorf("request %d: status %d: %s", i, resp.StatusCode, bytes.TrimSpace(answer))
 		}
 	}
 	return nil
