@@ -33,6 +33,9 @@ type conn struct {
 	remote string
 
 	resp response // reused: the handler must not keep its ResponseWriter (net/http's rule)
+	// head is the request being read: the handler gets a copy with the request's context
+	// (WithContext), and it is cleared once the request is done.
+	head http.Request
 
 	rd, wd deadline // the connection's read and write deadlines, kept by alarms
 
@@ -89,11 +92,11 @@ func (c *conn) serve() {
 			return
 		}
 		c.rd.after(s.ReadHeaderTimeout)
-		req, n, err := c.readHead()
+		ok, n, err := c.readHead()
 		switch {
 		case err != nil:
 			return
-		case req == nil:
+		case !ok:
 			s.untrack(c)
 			handed = true
 			c.rd.stop() // net/http's server sets its own deadlines on the connection
@@ -103,7 +106,7 @@ func (c *conn) serve() {
 		}
 		_, _ = c.br.Discard(n)
 		_ = c.rd.Set(time.Time{})
-		if !c.serveRequest(base, req) {
+		if !c.serveRequest(base) {
 			return
 		}
 		if !s.track(c, true) {
@@ -112,31 +115,32 @@ func (c *conn) serve() {
 	}
 }
 
-// readHead reads ahead (without consuming) the next request's head and parses it: the
-// request and the head's length when this server serves it; a nil request when the
-// fallback must (the head is unusual, too large for the buffer, or not one net/http would
-// accept); an error when the connection failed first (cut off, or too slow: closed without
-// an answer, as net/http does).
-func (c *conn) readHead() (*http.Request, int, error) {
+// readHead reads ahead (without consuming) the next request's head and parses it into
+// c.head: true and the head's length when this server serves it; false when the fallback
+// must (the head is unusual, too large for the buffer, or not one net/http would accept);
+// an error when the connection failed first (cut off, or too slow: closed without an
+// answer, as net/http does).
+func (c *conn) readHead() (bool, int, error) {
 	head, err := httphead.Peek(c.br)
 	if head == nil {
-		return nil, 0, err
+		return false, 0, err
 	}
-	return parseRequest(head), len(head), nil
+	return parseRequest(&c.head, head), len(head), nil
 }
 
-// serveRequest runs the handler on req and finishes its answer; false when the connection
-// must close.
-func (c *conn) serveRequest(base *scope.Scope, req *http.Request) (keep bool) {
+// serveRequest runs the handler on the request read into c.head and finishes its answer;
+// false when the connection must close.
+func (c *conn) serveRequest(base *scope.Scope) (keep bool) {
 	ctx := scope.New(base, nil, time.Time{}, nil)
 	defer ctx.Cancel(context.Canceled)
-	req.RemoteAddr = c.remote
+	c.head.RemoteAddr = c.remote
 	var b *body // a new one each request: a transport may still read the last one
-	if req.ContentLength > 0 {
-		b = &body{c: c, lr: httphead.Body{R: c.br, N: req.ContentLength}}
-		req.Body = b
+	if c.head.ContentLength > 0 {
+		b = &body{c: c, lr: httphead.Body{R: c.br, N: c.head.ContentLength}}
+		c.head.Body = b
 	}
-	req = req.WithContext(ctx)
+	req := c.head.WithContext(ctx)
+	c.head = http.Request{} // what the request holds is not kept while the connection idles
 	c.resp.reset(c, req)
 	c.wmu.Lock()
 	c.req, c.reqDone, c.armed = ctx, false, false

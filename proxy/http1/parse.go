@@ -10,48 +10,49 @@ import (
 	"github.com/sluicegw/sluice/proxy/httphead"
 )
 
-// parseRequest reads a request head (its blank line included) into the http.Request that
-// http.ReadRequest makes of it, for the requests this server serves (see simple), or
-// returns nil for anything else, which the fallback then reads with net/http's parser.
+// parseRequest reads a request head (its blank line included) into req, as the http.Request
+// that http.ReadRequest makes of it, for the requests this server serves (see simple), or
+// returns false for anything else, which the fallback then reads with net/http's parser.
 // Every string of the request is a piece of one copy of the head: a request costs a few
-// allocations, not one per header (FuzzParseRequestAgrees holds it to net/http's).
-func parseRequest(head []byte) *http.Request {
+// allocations, not one per header (FuzzParseRequestAgrees holds it to net/http's); req is
+// the caller's (the connection's), which hands the handler a copy with its context.
+func parseRequest(req *http.Request, head []byte) bool {
 	s := string(head)
 	line, rest, ok := httphead.Line(s)
 	if !ok {
-		return nil
+		return false
 	}
 	method, line, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(line, " ")
 	if !ok1 || !ok2 || proto != "HTTP/1.1" || !validMethod(method) || method == http.MethodConnect || method == "PRI" {
-		return nil
+		return false
 	}
 	u := requestURL(target)
 	if u == nil {
-		return nil
+		return false
 	}
 	h, ok := httphead.Header(rest, commonKeys)
 	if !ok {
-		return nil
+		return false
 	}
 	hosts := h["Host"]
 	if len(hosts) != 1 || !httpguts.ValidHostHeader(hosts[0]) {
-		return nil
+		return false
 	}
 	delete(h, "Host")
 	for _, k := range []string{"Transfer-Encoding", "Expect", "Upgrade", "Http2-Settings", "Pragma", "Te", "Trailer"} {
 		if _, ok := h[k]; ok {
-			return nil
+			return false
 		}
 	}
 	cl, ok := httphead.ContentLength(h["Content-Length"])
 	if !ok {
-		return nil
+		return false
 	}
 	if vv := h["Content-Length"]; len(vv) > 1 {
 		h["Content-Length"] = vv[:1] // identical duplicates: one, as net/http keeps them
 	}
-	req := &http.Request{
+	*req = http.Request{
 		Method: method, URL: u, Proto: proto, ProtoMajor: 1, ProtoMinor: 1, Header: h,
 		Host: hosts[0], RequestURI: target, ContentLength: max(cl, 0),
 		Close: httphead.HasToken(h["Connection"], "close"),
@@ -59,7 +60,7 @@ func parseRequest(head []byte) *http.Request {
 	if cl <= 0 {
 		req.Body = http.NoBody // else the server's reader of the body
 	}
-	return req
+	return true
 }
 
 // requestURL is the URL of an origin-form request target ("/path?query"), nil for any

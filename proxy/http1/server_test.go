@@ -551,7 +551,7 @@ func TestReviewedDifferences(t *testing.T) {
 		}
 	}
 	// Identical duplicate Content-Lengths read as one, as net/http reads them.
-	req := parseRequest([]byte("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n"))
+	req := parsed([]byte("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n"))
 	if req == nil || fmt.Sprint(req.Header["Content-Length"]) != "[3]" {
 		t.Fatalf("request %+v", req)
 	}
