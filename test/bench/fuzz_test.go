@@ -52,6 +52,9 @@ func FuzzParseStatus(f *testing.F) {
 		if n, err := parseThreads([]byte(s)); err == nil && n < 1 {
 			t.Fatalf("parseThreads(%q) = %d", s, n)
 		}
+		if n := parseGoroutines(strings.NewReader(s)); n < -1 {
+			t.Fatalf("parseGoroutines(%q) = %d", s, n)
+		}
 	})
 }
 

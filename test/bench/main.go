@@ -36,6 +36,7 @@ type options struct {
 	wrkThreads   int
 	wrkConns     int
 	gap          time.Duration // pause between turns
+	settle       time.Duration // after the load, the wait before reading the proxies at rest again
 	out          string
 	sluiceBin    string
 	keep         bool
@@ -111,6 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.wrkThreads, "wrk-threads", 2, "wrk -t")
 	fs.IntVar(&o.wrkConns, "wrk-connections", 64, "wrk -c")
 	fs.DurationVar(&o.gap, "gap", 250*time.Millisecond, "pause between two turns")
+	fs.DurationVar(&o.settle, "settle", 10*time.Second, "after the load, wait this long before reading each proxy's memory at rest again")
 	fs.StringVar(&o.out, "out", "", "also write the markdown report to this file")
 	fs.StringVar(&o.sluiceBin, "sluice", "", "use this sluice binary instead of building ./cmd/sluice")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (configs, logs, perf data)")
@@ -188,6 +190,8 @@ Flags:
 		return o, errors.New("--stream-tokens must be between 1 and 4096")
 	case o.warmup < 0 || o.warmup > time.Minute, o.gap < 0 || o.gap > 10*time.Second:
 		return o, errors.New("--warmup must be at most 1m and --gap at most 10s")
+	case o.settle < 0 || o.settle > 5*time.Minute:
+		return o, errors.New("--settle must be between 0 and 5m")
 	case o.wrkThreads < 1 || o.wrkConns < o.wrkThreads:
 		return o, errors.New("--wrk-threads must be >= 1 and --wrk-connections >= --wrk-threads")
 	case o.perf && !o.has("sluice"):
@@ -354,6 +358,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	waitQuiet(ctx, o.maxOther, o.quietWait)
+	res.rest = res.readRest(ctx, adminAddr)
 
 	// a. + d. fixed rates, with CPU per request.
 	body := chatBody(16, false)
@@ -438,6 +443,13 @@ func run(ctx context.Context, o options) (err error) {
 		t.client.CloseIdleConnections()
 		t.streamClient.CloseIdleConnections()
 	}
+	// e. the proxies at rest again: their memory and (Sluice's) goroutines some time after
+	// the load ended, against the same before it began.
+	logf("at rest again: waiting %v after the load", o.settle)
+	if err := sleepCtx(ctx, o.settle); err != nil {
+		return err
+	}
+	res.after = res.readRest(ctx, adminAddr)
 	cs.stopAll(5 * time.Second)
 
 	if o.goBench {

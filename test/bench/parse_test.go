@@ -307,3 +307,24 @@ func TestFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestParseGoroutines(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{"# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines 19\n", 19},
+		{"go_goroutines_total 5\ngo_goroutines 7e+00\n", 7},
+		{"go_threads 9\n", -1},
+		{"go_goroutines NaN\n", -1},
+		{"go_goroutines -3\n", -1},
+		{"", -1},
+	} {
+		if got := parseGoroutines(strings.NewReader(tc.in)); got != tc.want {
+			t.Errorf("parseGoroutines(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+	if v, err := parseStatusKB([]byte("Name:\tsluice\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n"), "VmRSS"); err != nil || v != 1<<20 {
+		t.Errorf("VmRSS = %d, %v, want 1 MiB", v, err)
+	}
+}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -198,15 +200,18 @@ func readStat(pid int) (procStat, error) {
 }
 
 // parseVmHWM returns the VmHWM (peak resident set) of a /proc/PID/status, in bytes.
-func parseVmHWM(b []byte) (int64, error) {
+func parseVmHWM(b []byte) (int64, error) { return parseStatusKB(b, "VmHWM") }
+
+// parseStatusKB returns a "Field:   N kB" line of a /proc/PID/status, in bytes.
+func parseStatusKB(b []byte, field string) (int64, error) {
 	for line := range strings.SplitSeq(string(b), "\n") {
-		rest, ok := strings.CutPrefix(line, "VmHWM:")
+		rest, ok := strings.CutPrefix(line, field+":")
 		if !ok {
 			continue
 		}
 		f := strings.Fields(rest)
 		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("malformed VmHWM line %q", line)
+			return 0, fmt.Errorf("malformed %s line %q", field, line)
 		}
 		kb, err := strconv.ParseInt(f[0], 10, 64)
 		if err != nil {
@@ -214,15 +219,16 @@ func parseVmHWM(b []byte) (int64, error) {
 		}
 		return kb << 10, nil
 	}
-	return 0, errors.New("no VmHWM in status")
+	return 0, fmt.Errorf("no %s in status", field)
 }
 
-func readVmHWM(pid int) (int64, error) {
+// readStatusKB reads a field of /proc/PID/status (parseStatusKB).
+func readStatusKB(pid int, field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
-	return parseVmHWM(b)
+	return parseStatusKB(b, field)
 }
 
 // parseThreads returns the Threads count of a /proc/PID/status.
@@ -305,12 +311,23 @@ func (p *proxyProc) cpu() (all, sys uint64) {
 // rss returns the sum of VmHWM over the proxy's processes and each one's figure.
 func (p *proxyProc) rss() (sum int64, each []int64) {
 	for _, pid := range p.pids() {
-		if v, err := readVmHWM(pid); err == nil {
+		if v, err := readStatusKB(pid, "VmHWM"); err == nil {
 			sum += v
 			each = append(each, v)
 		}
 	}
 	return sum, each
+}
+
+// resident returns the sum of VmRSS (the resident set now) over the proxy's processes.
+func (p *proxyProc) resident() int64 {
+	var sum int64
+	for _, pid := range p.pids() {
+		if v, err := readStatusKB(pid, "VmRSS"); err == nil {
+			sum += v
+		}
+	}
+	return sum
 }
 
 // lookTool finds a tool on PATH or in the sbin directories a non-login root shell may lack.
@@ -411,4 +428,52 @@ func (m *meter) stopSplit(s sample) (proxyTicks, proxySys uint64, foreign float6
 		foreign = max(0, other/clockTicks/wall)
 	}
 	return proxyTicks, proxySys, foreign
+}
+
+// readRest reads each proxy at rest: its resident memory and, for Sluice, the goroutines
+// its admin listener's /metrics counts.
+func (res *results) readRest(ctx context.Context, adminAddr string) map[string]restInfo {
+	m := map[string]restInfo{}
+	for _, t := range res.targets {
+		if t.proxy == nil {
+			continue
+		}
+		ri := restInfo{rss: t.proxy.resident(), goroutines: -1}
+		if t.name == "sluice" {
+			ri.goroutines = goroutines(ctx, "http://"+adminAddr+"/metrics")
+		}
+		m[t.name] = ri
+	}
+	return m
+}
+
+// goroutines is the go_goroutines gauge of a Prometheus exposition at url; -1 when it
+// cannot be read.
+func goroutines(ctx context.Context, url string) int {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return -1
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	return parseGoroutines(io.LimitReader(resp.Body, 16<<20))
+}
+
+// parseGoroutines finds the go_goroutines sample of an exposition; -1 without one.
+func parseGoroutines(r io.Reader) int {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil && v >= 0 && v < 1e9 {
+				return int(v)
+			}
+		}
+	}
+	return -1
 }

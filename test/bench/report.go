@@ -23,6 +23,8 @@ type results struct {
 	wrk     map[string][]wrkRound
 	streams map[string][]streamRound
 	rss     map[string]rssInfo
+	// rest and after are each proxy at rest before the load and o.settle after it.
+	rest, after map[string]restInfo
 
 	goBenchCmd string
 	goBench    []goBench
@@ -41,6 +43,13 @@ type rssInfo struct {
 	each []int64
 }
 
+// restInfo is a proxy at rest: its resident memory (VmRSS, summed over its processes) and,
+// for Sluice, its goroutines (-1 where not known).
+type restInfo struct {
+	rss        int64
+	goroutines int
+}
+
 // Reference figures for nginx given in the issue (measured on a 2-core machine like this one).
 const (
 	// issue 18's reference figures for nginx (its table, a 2-core machine)
@@ -50,10 +59,14 @@ const (
 	refNginxThroughput = 0.72 // x direct
 	refNginxTTFT       = 1.8  // ms added TTFT p50, 200 streams
 	refNginxRSS        = 26.0 // MiB
-	targetRate         = 2000 // the rate the latency and CPU targets are judged at
-	limitAdded         = 1.5  // Sluice's added p50/p99 vs nginx's
-	limitCPU           = 1.5  // Sluice's CPU per request vs nginx's
-	limitEventNs       = 1000 // ns per relayed event, the relay loop (read, tap, write, flush)
+
+	// limitBack is how far above its baseline a proxy's resident memory at rest after the
+	// load may be and still count as back at it.
+	limitBack    = 1.10
+	targetRate   = 2000 // the rate the latency and CPU targets are judged at
+	limitAdded   = 1.5  // Sluice's added p50/p99 vs nginx's
+	limitCPU     = 1.5  // Sluice's CPU per request vs nginx's
+	limitEventNs = 1000 // ns per relayed event, the relay loop (read, tap, write, flush)
 )
 
 // quantile returns the q-quantile (nearest rank) of ds, which it sorts.
@@ -479,6 +492,25 @@ func (res *results) markdown() string {
 	}
 	p("Simulator peak RSS for reference: %.1f MiB.\n\n", mib(res.rss["sim"].sum))
 
+	// ---- e ----
+	if len(res.rest) > 0 && len(res.after) > 0 {
+		p("## e. At rest again after the load\n\n")
+		p("Resident memory (VmRSS from /proc/PID/status, summed over a proxy's processes) at rest before the first phase, its peak (VmHWM) and at rest %v after the last phase ended and the clients closed their connections; Sluice's goroutines (go_goroutines on its admin listener) at the same two moments.\n\n", o.settle)
+		p("| proxy | RSS at rest before | peak RSS | RSS %v after | after ÷ before | goroutines before → after |\n|---|---|---|---|---|---|\n", o.settle)
+		for _, t := range res.targets {
+			if t.proxy == nil {
+				continue
+			}
+			r, a := res.rest[t.name], res.after[t.name]
+			g := "—"
+			if r.goroutines >= 0 && a.goroutines >= 0 {
+				g = fmt.Sprintf("%d → %d", r.goroutines, a.goroutines)
+			}
+			p("| %s | %.1f MiB | %.1f MiB | %.1f MiB | %s | %s |\n", t.name, mib(r.rss), mib(res.rss[t.name].sum), mib(a.rss), fmtX(div(float64(a.rss), float64(r.rss))), g)
+		}
+		p("\n")
+	}
+
 	// ---- go bench ----
 	res.benchSection(p)
 
@@ -608,6 +640,16 @@ func (res *results) targetsSection(p func(string, ...any), added, addedTTFT func
 		}
 		return fmt.Sprintf("**missed** (%s nginx)", fmtX(div(s, n)))
 	})
+	if len(res.rest) > 0 && len(res.after) > 0 {
+		back := func(n string) float64 { return div(float64(res.after[n].rss), float64(res.rest[n].rss)) }
+		row(fmt.Sprintf("RSS %v after the load ÷ at rest before it", o.settle), func(v float64) string { return fmtX(v) }, back,
+			fmt.Sprintf("≤ %.2fx (its baseline)", limitBack), func(s, _ float64) string {
+				if s <= limitBack {
+					return "**met**"
+				}
+				return "**missed**"
+			})
+	}
 	res.benchTargets(p, len(ys))
 	p("\nThe issue's reference for nginx on a 2-core machine: %+.2f ms p50 and %+.1f ms p99 at 2,000 req/s, %.0f µs CPU per request, %.2fx direct throughput, %+.1f ms TTFT p50 with 200 streams, %.0f MiB peak RSS. This run's nginx is the yardstick above (same run, same conditions)",
 		refNginxAddedP50, refNginxAddedP99, refNginxCPU, refNginxThroughput, refNginxTTFT, refNginxRSS)

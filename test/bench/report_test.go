@@ -13,7 +13,7 @@ import (
 func fakeResults(names ...string) *results {
 	o := options{
 		duration: 2 * time.Second, rounds: 1, streamRounds: 1, streams: 10, streamTokens: 4,
-		rates: []int{500, 2000}, wrkThreads: 2, wrkConns: 64, goBench: true, targets: names,
+		rates: []int{500, 2000}, wrkThreads: 2, wrkConns: 64, goBench: true, targets: names, settle: 10 * time.Second,
 	}
 	addedMs := map[string]float64{"direct": 0, "sluice": .3, "nginx": .1, "haproxy": .2}
 	cpuTicks := map[string]uint64{"sluice": 30, "nginx": 10, "haproxy": 20} // per 1,000 requests
@@ -67,6 +67,8 @@ func fakeResults(names ...string) *results {
 			res.rss[n] = rssInfo{sum: 20 << 20, each: []int64{8 << 20, 12 << 20}}
 		}
 	}
+	res.rest = map[string]restInfo{"sluice": {rss: 30 << 20, goroutines: 17}, "nginx": {rss: 20 << 20, goroutines: -1}, "haproxy": {rss: 18 << 20, goroutines: -1}}
+	res.after = map[string]restInfo{"sluice": {rss: 36 << 20, goroutines: 19}, "nginx": {rss: 21 << 20, goroutines: -1}, "haproxy": {rss: 18 << 20, goroutines: -1}}
 	for _, phase := range []string{"rate500", "rate2000", "wrk", "streams"} {
 		res.orders = append(res.orders, roundOrder{phase: phase, round: 0, order: names})
 	}
@@ -101,6 +103,9 @@ func TestMarkdown(t *testing.T) {
 				"| Sluice ÷ haproxy | 1.50x | 1.50x | 1.50x | 1.50x | 1.00x |",
 				"| haproxy ÷ nginx | 2.00x | 2.00x | 2.00x | 2.00x | 1.00x |",
 				"haproxy: one process of 2 threads (nbthread 2).",
+				"| RSS 10s after the load ÷ at rest before it | 1.20x | 1.05x | 1.00x | ≤ 1.10x (its baseline) | **missed**; 1.20x haproxy |",
+				"| sluice | 30.0 MiB | 20.0 MiB | 36.0 MiB | 1.20x | 17 → 19 |",
+				"| nginx | 20.0 MiB | 20.0 MiB | 21.0 MiB | 1.05x | — |",
 				"| phase | round | order | direct | sluice | nginx | haproxy | other load (worst turn) |",
 				"| wrk | 1 | direct → sluice → nginx → haproxy | 30000 req/s | 9000 req/s | 21000 req/s | 15000 req/s | 0.00 CPUs |",
 				"haproxy, configured as a plain streaming proxy too, is a second one beside it.",
