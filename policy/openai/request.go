@@ -985,7 +985,11 @@ func (p *parser) measuredKey(kt, raw []byte, esc bool, keys []string, seen uint6
 	if kt == nil && esc {
 		kt = raw // a long escaped key is none of the measured ones exactly
 	}
+	wide := !ascii(kt) // once, not for each measured key shorter than it
 	for i, k := range keys {
+		if len(kt) < len(k) || len(kt) > len(k) && !wide {
+			continue // neither equal nor folding to it (see foldEqual)
+		}
 		switch {
 		case string(kt) == k:
 			if seen&(1<<i) != 0 {
@@ -997,7 +1001,7 @@ func (p *parser) measuredKey(kt, raw []byte, esc bool, keys []string, seen uint6
 				return seen, false
 			}
 			return seen | 1<<i, true
-		case foldEqual(kt, k):
+		case foldEqual(kt, k, wide):
 			name := string(kt)
 			l.sub = name
 			if l.name == "" {
@@ -1017,10 +1021,11 @@ func (p *parser) measuredKey(kt, raw []byte, esc bool, keys []string, seen uint6
 //
 // Those runes are two or three bytes long, so a key that folds to s is s's length when it is
 // ASCII and longer when it is not: the lengths decide first, before any byte is read (most
-// keys compared are another field's).
-func foldEqual(b []byte, s string) bool {
+// keys compared are another field's). wide is whether b has a byte beyond ASCII (!ascii(b),
+// which the caller works out once for the keys it compares b with).
+func foldEqual(b []byte, s string, wide bool) bool {
 	if len(b) != len(s) {
-		return len(b) > len(s) && !ascii(b) && bytes.EqualFold(b, []byte(s))
+		return len(b) > len(s) && wide && bytes.EqualFold(b, []byte(s))
 	}
 	for i := range len(b) {
 		c := b[i]
