@@ -22,8 +22,15 @@ import (
 //   - a burst ended: the goroutines fell to at most a quarter of their peak since the last
 //     release, by at least burstGoroutines (each held stream is two), while the process holds
 //     at least memoryReleaseMin;
+//   - a load ended: at least loadAllocMin was allocated since the last release, the last
+//     quietSamples samples each allocated under quietAlloc (an idle gateway's health checks
+//     and scrapes), and the process holds at least loadReleaseMin: a load of small requests
+//     leaves no goroutines behind, but up to the heap floor of garbage and the free memory
+//     of its peak, which an idle gateway would keep until the forced collection;
 //
-// at most once per memoryReleaseGap. Returning is two collections (the first empties the
+// at most once per memoryReleaseGap (loadReleaseGap after a load: the allocation it asks for
+// since the last release spaces them already, and a load that ends soon after one, the last
+// of a few with pauses between them, is not left holding its memory for half a minute). Returning is two collections (the first empties the
 // sync.Pools into their victim caches, the second frees those) and debug.FreeOSMemory's
 // release of everything free. Under a steady load neither holds and nothing happens.
 
@@ -32,6 +39,11 @@ const (
 	memoryReleaseMin = 64 << 20
 	memoryReleaseGap = 30 * time.Second
 	burstGoroutines  = 1000
+	loadAllocMin     = 16 << 20
+	quietAlloc       = 1 << 20 // a sample (a second) of an idle gateway
+	quietSamples     = 3
+	loadReleaseMin   = 16 << 20
+	loadReleaseGap   = 5 * time.Second
 )
 
 // memSample is what the memory loop decides on.
@@ -39,6 +51,7 @@ type memSample struct {
 	inUse      uint64 // heap spans and stacks in use (live objects and not yet collected garbage)
 	retained   uint64 // free heap and stack memory not yet returned to the OS
 	goroutines int
+	allocs     uint64 // heap bytes allocated since the process started
 }
 
 // memMetrics are the runtime/metrics a memSample is read from, in memSample's order.
@@ -48,6 +61,7 @@ var memMetrics = []string{
 	"/memory/classes/heap/stacks:bytes",
 	"/memory/classes/heap/free:bytes",
 	"/sched/goroutines:goroutines",
+	"/gc/heap/allocs:bytes",
 }
 
 // memReader reads memSamples, reusing its sample slice.
@@ -69,29 +83,45 @@ func (r memReader) read() memSample {
 		}
 		return r[i].Value.Uint64()
 	}
-	return memSample{inUse: v(0) + v(1) + v(2), retained: v(3), goroutines: int(v(4))}
+	return memSample{inUse: v(0) + v(1) + v(2), retained: v(3), goroutines: int(v(4)), allocs: v(5)}
 }
 
 // memoryWatch decides, sample by sample, when to return memory.
 type memoryWatch struct {
-	last time.Time // the previous release
-	peak int       // goroutines, the most since the previous release
+	last     time.Time // the previous release
+	peak     int       // goroutines, the most since the previous release
+	started  bool      // a sample was taken
+	released uint64    // allocs at the previous release (or the first sample)
+	prev     uint64    // allocs at the previous sample
+	quiet    int       // samples in a row that allocated under quietAlloc
 }
 
 // observe takes the sample m read at now and reports whether to return memory now; when it
 // does, the watch starts over from m.
 func (w *memoryWatch) observe(m memSample, now time.Time) bool {
+	if !w.started {
+		w.started, w.released, w.prev = true, m.allocs, m.allocs
+	}
+	if m.allocs-w.prev < quietAlloc {
+		w.quiet++
+	} else {
+		w.quiet = 0
+	}
+	w.prev = m.allocs
 	w.peak = max(w.peak, m.goroutines)
-	if now.Sub(w.last) < memoryReleaseGap {
+	since := now.Sub(w.last)
+	if since < loadReleaseGap {
 		return false
 	}
-	mostlyFree := m.retained >= memoryReleaseMin && m.retained > m.inUse
+	mostlyFree := m.retained >= memoryReleaseMin && m.retained > m.inUse && since >= memoryReleaseGap
 	burstEnded := w.peak-m.goroutines >= burstGoroutines && m.goroutines <= w.peak/4 &&
-		m.inUse+m.retained >= memoryReleaseMin
-	if !mostlyFree && !burstEnded {
+		m.inUse+m.retained >= memoryReleaseMin && since >= memoryReleaseGap
+	loadEnded := m.allocs-w.released >= loadAllocMin && w.quiet >= quietSamples &&
+		m.inUse+m.retained >= loadReleaseMin
+	if !mostlyFree && !burstEnded && !loadEnded {
 		return false
 	}
-	w.last, w.peak = now, m.goroutines
+	w.last, w.peak, w.released, w.quiet = now, m.goroutines, m.allocs, 0
 	return true
 }
 

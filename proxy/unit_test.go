@@ -444,6 +444,42 @@ func TestMemoryWatch(t *testing.T) {
 			{0, memSample{inUse: 100 * mib, retained: 10 * mib, goroutines: 400}, false},
 			{time.Second, memSample{inUse: 100 * mib, retained: 10 * mib, goroutines: 16}, false},
 		}},
+		// A load of small requests: no goroutines left behind, but garbage and free memory.
+		{"a load ended", []step{
+			{0, memSample{inUse: 10 * mib, retained: 2 * mib, goroutines: 18, allocs: 5 * mib}, false},
+			{time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 150, allocs: 300 * mib}, false},
+			{2 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 18, allocs: 300*mib + 100<<10}, false},
+			{3 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 18, allocs: 300*mib + 200<<10}, false},
+			{4 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 18, allocs: 300*mib + 300<<10}, true},
+			// At rest again: quiet, but nothing allocated since the release to speak of.
+			{time.Minute, memSample{inUse: 17 * mib, retained: 2 * mib, goroutines: 18, allocs: 310 * mib}, false},
+		}},
+		// The last of a few loads with pauses: the one before was released 12 s ago.
+		{"a second load ended soon after a release", []step{
+			{0, memSample{inUse: 10 * mib, retained: 2 * mib, allocs: 0}, false},
+			{time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 100 * mib}, false},
+			{2 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 100 * mib}, false},
+			{3 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 100 * mib}, false},
+			{4 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 100 * mib}, true},
+			{10 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 300 * mib}, false},
+			{11 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 300 * mib}, false},
+			{12 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 300 * mib}, false},
+			{13 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 300 * mib}, true},
+		}},
+		{"a load goes on", []step{
+			{0, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 0}, false},
+			{time.Minute, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 800 * mib}, false},
+			{time.Minute + time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 813 * mib}, false},
+			{time.Minute + 2*time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 826 * mib}, false},
+			{time.Minute + 3*time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 839 * mib}, false},
+		}},
+		{"a load ended, little held", []step{
+			{0, memSample{inUse: 8 * mib, retained: 2 * mib, allocs: 0}, false},
+			{time.Second, memSample{inUse: 8 * mib, retained: 2 * mib, allocs: 200 * mib}, false},
+			{2 * time.Second, memSample{inUse: 8 * mib, retained: 2 * mib, allocs: 200 * mib}, false},
+			{3 * time.Second, memSample{inUse: 8 * mib, retained: 2 * mib, allocs: 200 * mib}, false},
+			{4 * time.Second, memSample{inUse: 8 * mib, retained: 2 * mib, allocs: 200 * mib}, false},
+		}},
 		{"the peak starts over at a release", []step{
 			{0, memSample{inUse: 300 * mib, retained: 10 * mib, goroutines: 5000}, false},
 			{time.Second, memSample{inUse: 40 * mib, retained: 400 * mib, goroutines: 20}, true},
