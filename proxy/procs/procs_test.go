@@ -275,8 +275,7 @@ func TestBurstProbe(t *testing.T) {
 }
 
 // TestBurstJump: on one processor, requests arriving together rise at once, before any
-// sample could show the processor busy (the fake CPU stays idle, and the probe is an hour
-// away); requests in flight that only crept up since the last
+// sample could show the processor busy (the fake CPU stays idle: no sample would); requests in flight that only crept up since the last
 // sample (long streams, one by one) do not.
 func TestBurstJump(t *testing.T) {
 	for _, tc := range []struct {
@@ -292,17 +291,22 @@ func TestBurstJump(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeRuntime{procs: 2, ceiling: 2}
-			p := Params{Every: 10 * time.Millisecond, Idle: 10 * time.Millisecond, Probe: time.Hour, Jump: Defaults.Jump,
+			// Idle an hour: on one processor with no load the regular samples stop, and the
+			// probe (started by the kick at 16 in flight) is the one sample that sees the
+			// requests in flight, 200 ms on: the burst's Begins need not come within
+			// microseconds of each other (a loaded machine under -race), and the creeping
+			// case waits for that sample.
+			p := Params{Every: 10 * time.Millisecond, Idle: time.Hour, Probe: 200 * time.Millisecond, Jump: Defaults.Jump,
 				Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 3}
 			release := acquire(nil, p, f, f.clock, false)
 			defer release()
 			defer func() { inflight.Store(0) }()
 			waitProcs(t, f, 1)
+			time.Sleep(3 * p.Every) // a kick this soon after the last sample starts no probe
 			for range tc.before {
 				Begin()
 			}
-			time.Sleep(50 * time.Millisecond) // regular samples (every 10 ms) see them
-			// Within microseconds: between two samples.
+			time.Sleep(300 * time.Millisecond) // the probe's sample sees them
 			for range tc.after {
 				Begin()
 			}
