@@ -28,9 +28,11 @@ import (
 //     leaves no goroutines behind, but up to the heap floor of garbage and the free memory
 //     of its peak, which an idle gateway would keep until the forced collection;
 //
-// at most once per memoryReleaseGap (loadReleaseGap after a load: the allocation it asks for
-// since the last release spaces them already, and a load that ends soon after one, the last
-// of a few with pauses between them, is not left holding its memory for half a minute). Returning is two collections (the first empties the
+// the first two at most once per memoryReleaseGap, the third at most once per loadReleaseGap
+// (the allocation it asks for since the last release spaces them already, and a load that
+// ends soon after one, the last of a few with pauses between them, is not left holding its
+// memory for half a minute). A release after a load does not hold back the other two: the
+// thousands of idle streams whose quiet looks like a load's end still get theirs when they go. Returning is two collections (the first empties the
 // sync.Pools into their victim caches, the second frees those) and debug.FreeOSMemory's
 // release of everything free. Under a steady load neither holds and nothing happens.
 
@@ -89,7 +91,8 @@ func (r memReader) read() memSample {
 // memoryWatch decides, sample by sample, when to return memory.
 type memoryWatch struct {
 	last     time.Time // the previous release
-	peak     int       // goroutines, the most since the previous release
+	lastBig  time.Time // the previous release for memory mostly free or a burst's end
+	peak     int       // goroutines, the most since the previous release for a burst's end
 	started  bool      // a sample was taken
 	released uint64    // allocs at the previous release (or the first sample)
 	prev     uint64    // allocs at the previous sample
@@ -109,19 +112,22 @@ func (w *memoryWatch) observe(m memSample, now time.Time) bool {
 	}
 	w.prev = m.allocs
 	w.peak = max(w.peak, m.goroutines)
-	since := now.Sub(w.last)
-	if since < loadReleaseGap {
+	if now.Sub(w.last) < loadReleaseGap {
 		return false
 	}
-	mostlyFree := m.retained >= memoryReleaseMin && m.retained > m.inUse && since >= memoryReleaseGap
-	burstEnded := w.peak-m.goroutines >= burstGoroutines && m.goroutines <= w.peak/4 &&
-		m.inUse+m.retained >= memoryReleaseMin && since >= memoryReleaseGap
+	big := now.Sub(w.lastBig) >= memoryReleaseGap
+	mostlyFree := big && m.retained >= memoryReleaseMin && m.retained > m.inUse
+	burstEnded := big && w.peak-m.goroutines >= burstGoroutines && m.goroutines <= w.peak/4 &&
+		m.inUse+m.retained >= memoryReleaseMin
 	loadEnded := m.allocs-w.released >= loadAllocMin && w.quiet >= quietSamples &&
 		m.inUse+m.retained >= loadReleaseMin
 	if !mostlyFree && !burstEnded && !loadEnded {
 		return false
 	}
-	w.last, w.peak, w.released, w.quiet = now, m.goroutines, m.allocs, 0
+	if mostlyFree || burstEnded {
+		w.lastBig, w.peak = now, m.goroutines
+	}
+	w.last, w.released, w.quiet = now, m.allocs, 0
 	return true
 }
 

@@ -466,6 +466,16 @@ func TestMemoryWatch(t *testing.T) {
 			{12 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 300 * mib}, false},
 			{13 * time.Second, memSample{inUse: 30 * mib, retained: 20 * mib, allocs: 300 * mib}, true},
 		}},
+		// Thousands of idle streams: their quiet after they opened looks like a load's end;
+		// that release does not hold back the one when they go.
+		{"a load's release, then a burst's end", []step{
+			{0, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 16, allocs: 0}, false},
+			{time.Second, memSample{inUse: 480 * mib, retained: 10 * mib, goroutines: 18018, allocs: 400 * mib}, false},
+			{2 * time.Second, memSample{inUse: 480 * mib, retained: 10 * mib, goroutines: 18018, allocs: 400 * mib}, false},
+			{3 * time.Second, memSample{inUse: 480 * mib, retained: 10 * mib, goroutines: 18018, allocs: 400 * mib}, false},
+			{4 * time.Second, memSample{inUse: 480 * mib, retained: 10 * mib, goroutines: 18018, allocs: 400 * mib}, true},
+			{20 * time.Second, memSample{inUse: 470 * mib, retained: 20 * mib, goroutines: 18, allocs: 410 * mib}, true},
+		}},
 		{"a load goes on", []step{
 			{0, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 0}, false},
 			{time.Minute, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 800 * mib}, false},
