@@ -42,7 +42,7 @@ const (
 	memoryReleaseGap = 30 * time.Second
 	burstGoroutines  = 1000
 	loadAllocMin     = 16 << 20
-	quietAlloc       = 1 << 20 // a sample (a second) of an idle gateway
+	quietAlloc       = 256 << 10 // a sample (a second) of an idle gateway; 40 small requests a second allocate more
 	quietSamples     = 3
 	loadReleaseMin   = 16 << 20
 	loadReleaseGap   = 5 * time.Second

@@ -476,6 +476,14 @@ func TestMemoryWatch(t *testing.T) {
 			{4 * time.Second, memSample{inUse: 480 * mib, retained: 10 * mib, goroutines: 18018, allocs: 400 * mib}, true},
 			{20 * time.Second, memSample{inUse: 470 * mib, retained: 20 * mib, goroutines: 18, allocs: 410 * mib}, true},
 		}},
+		// 100 small requests a second (7 KiB each): a light load, not an idle gateway.
+		{"a light load goes on", []step{
+			{0, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 20, allocs: 0}, false},
+			{time.Minute, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 20, allocs: 41 * mib}, false},
+			{time.Minute + time.Second, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 20, allocs: 41*mib + 700<<10}, false},
+			{time.Minute + 2*time.Second, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 20, allocs: 41*mib + 1400<<10}, false},
+			{time.Minute + 3*time.Second, memSample{inUse: 20 * mib, retained: 5 * mib, goroutines: 20, allocs: 41*mib + 2100<<10}, false},
+		}},
 		{"a load goes on", []step{
 			{0, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 0}, false},
 			{time.Minute, memSample{inUse: 30 * mib, retained: 20 * mib, goroutines: 40, allocs: 800 * mib}, false},
