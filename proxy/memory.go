@@ -32,9 +32,10 @@ import (
 // (the allocation it asks for since the last release spaces them already, and a load that
 // ends soon after one, the last of a few with pauses between them, is not left holding its
 // memory for half a minute). A release after a load does not hold back the other two: the
-// thousands of idle streams whose quiet looks like a load's end still get theirs when they go. Returning is two collections (the first empties the
-// sync.Pools into their victim caches, the second frees those) and debug.FreeOSMemory's
-// release of everything free. Under a steady load neither holds and nothing happens.
+// thousands of idle streams whose quiet looks like a load's end still get theirs when they
+// go. Returning is two collections (the first empties the sync.Pools into their victim
+// caches, the second frees those) and debug.FreeOSMemory's release of everything free. Under
+// a steady load none holds and nothing happens.
 
 const (
 	memoryCheckEvery = time.Second
@@ -42,7 +43,7 @@ const (
 	memoryReleaseGap = 30 * time.Second
 	burstGoroutines  = 1000
 	loadAllocMin     = 16 << 20
-	quietAlloc       = 256 << 10 // a sample (a second) of an idle gateway; 40 small requests a second allocate more
+	quietAlloc       = 256 << 10 // a second of an idle gateway; 40 small requests a second allocate more
 	quietSamples     = 3
 	loadReleaseMin   = 16 << 20
 	loadReleaseGap   = 5 * time.Second

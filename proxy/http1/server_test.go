@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -609,5 +610,39 @@ func TestHandedOffOutlivesTheHeadTimeout(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || string(b) != "fallback" {
 		t.Fatalf("status %d, body %q; want 200 from the fallback", resp.StatusCode, b)
+	}
+}
+
+// TestKeptRequestOutlivesTheNext: a handler may keep its request after it returns (a mirrored
+// copy, a log written later); the connection reads its next request into its own, so what was
+// kept is not overwritten by a pipelined request behind it, nor by a keep-alive one after it.
+func TestKeptRequestOutlivesTheNext(t *testing.T) {
+	var mu sync.Mutex
+	var kept []*http.Request
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		kept = append(kept, r)
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	}, nil)
+	got := raw(t, ts.addr, "POST /v1/chat/completions?a=1 HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 203.0.113.7\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"+
+		"GET /v1/models HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+	if strings.Count(got, "HTTP/1.1 200") != 2 {
+		t.Fatalf("answers:\n%s", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(kept) != 2 {
+		t.Fatalf("%d requests kept", len(kept))
+	}
+	first, second := kept[0], kept[1]
+	if first.Method != http.MethodPost || first.URL.Path != "/v1/chat/completions" || first.URL.RawQuery != "a=1" ||
+		first.Header.Get("X-Forwarded-For") != "203.0.113.7" || first.ContentLength != 2 || first.RemoteAddr == "" || first.Context() == nil {
+		t.Errorf("the first request changed after the second: %s %v %v, length %d, from %q", first.Method, first.URL, first.Header, first.ContentLength, first.RemoteAddr)
+	}
+	if second.Method != http.MethodGet || second.URL.Path != "/v1/models" || second.Header.Get("X-Forwarded-For") != "" ||
+		second.ContentLength != 0 || second.Body != http.NoBody || !second.Close {
+		t.Errorf("the second request carries the first's: %s %v %v, length %d, body %T", second.Method, second.URL, second.Header, second.ContentLength, second.Body)
 	}
 }

@@ -94,7 +94,7 @@ func Header(s string, common map[string]string) (h http.Header, ok bool) {
 			if !ValidName(key) {
 				return nil, false // includes a folded line (leading white space) and "Name :"
 			}
-			key = CanonicalKey(key, common)
+			key = recase(key, common)
 		}
 		if old := h[key]; old == nil {
 			vals = append(vals, value)
@@ -120,6 +120,11 @@ func CanonicalKey(k string, common map[string]string) string {
 	if canonical(k) {
 		return k // as most clients send names: no lookup
 	}
+	return recase(k, common)
+}
+
+// recase is CanonicalKey for a k that is not canonical.
+func recase(k string, common map[string]string) string {
 	if len(k) <= 32 {
 		var buf [32]byte
 		low := buf[:len(k)]

@@ -195,12 +195,12 @@ func (c *Controller) run(ctx context.Context, start int) {
 		case <-ctx.Done():
 			return
 		case <-kick:
-			if d.Procs() == 1 && c.p.Jump > 0 && inflight.Load()-sampled >= int64(c.p.Jump) {
+			if n := inflight.Load(); d.Procs() == 1 && c.p.Jump > 0 && n-sampled >= int64(c.p.Jump) {
 				// A burst of arrivals: as many requests as Jump came in since the last
 				// sample and are still running. It is served on one processor for as long as
 				// a probe would take to say so: rise as a saturated sample would.
-				c.apply(d, float64(d.Procs()), "requests_in_flight", inflight.Load())
-				sampled, probing, lastAt = inflight.Load(), false, time.Now()
+				c.apply(d, float64(d.Procs()), "requests_in_flight", n)
+				sampled, probing, lastAt = n, false, time.Now()
 				if last, ok = c.cpu(); !ok {
 					return
 				}

@@ -275,8 +275,8 @@ func TestBurstProbe(t *testing.T) {
 }
 
 // TestBurstJump: on one processor, requests arriving together rise at once, before any
-// sample could show the processor busy (the fake CPU stays idle: no sample would); requests in flight that only crept up since the last
-// sample (long streams, one by one) do not.
+// sample could show the processor busy (the fake CPU stays idle: no sample would); requests
+// in flight that only crept up since the last sample (long streams, one by one) do not.
 func TestBurstJump(t *testing.T) {
 	for _, tc := range []struct {
 		name     string

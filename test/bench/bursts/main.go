@@ -10,8 +10,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -22,6 +20,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sluicegw/sluice/test/bench/chatstream"
 )
 
 func main() {
@@ -63,7 +63,7 @@ func run(args []string) error {
 		var wg sync.WaitGroup
 		for range *streams {
 			wg.Go(func() {
-				ttft, err := stream(ctx, client, base, body)
+				ttft, err := chatstream.TTFT(ctx, client, base, body)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -88,40 +88,4 @@ func run(args []string) error {
 		fmt.Printf("the first failure: %v\n", firstErr)
 	}
 	return nil
-}
-
-// stream sends one streaming request and reads it to its end.
-func stream(ctx context.Context, c *http.Client, base string, body []byte) (time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("status %d", resp.StatusCode)
-	}
-	var ttft time.Duration
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case ttft == 0 && strings.HasPrefix(line, "data: {") && strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`):
-			ttft = time.Since(start)
-		case line == "data: [DONE]":
-			if ttft == 0 {
-				return 0, errors.New("no content before [DONE]")
-			}
-			return ttft, nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, errors.New("no data: [DONE]")
 }

@@ -94,11 +94,8 @@ func run(bin string, n, runs int, targets []string, dump string) error {
 	}
 	defer os.RemoveAll(tmp)
 	if bin == "" {
-		bin = filepath.Join(tmp, "sluice")
-		build := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
-		build.Stdout, build.Stderr = os.Stdout, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("building sluice: %w", err)
+		if bin, err = build(tmp, "./cmd/sluice"); err != nil {
+			return err
 		}
 	}
 	var goproxy string // test/bench/goproxy, built for the bare targets
@@ -137,11 +134,8 @@ func run(bin string, n, runs int, targets []string, dump string) error {
 				cmd = exec.Command("nginx", "-p", tmp, "-c", conf)
 			case "own", "fasthttp":
 				if goproxy == "" {
-					goproxy = filepath.Join(tmp, "goproxy")
-					build := exec.Command("go", "build", "-o", goproxy, "./test/bench/goproxy")
-					build.Stdout, build.Stderr = os.Stdout, os.Stderr
-					if err := build.Run(); err != nil {
-						return fmt.Errorf("building test/bench/goproxy: %w", err)
+					if goproxy, err = build(tmp, "./test/bench/goproxy"); err != nil {
+						return err
 					}
 				}
 				cmd = exec.Command(goproxy, "serve-"+t+"-proxy", "http://"+sim, gw)
@@ -177,6 +171,17 @@ func run(bin string, n, runs int, targets []string, dump string) error {
 		fmt.Printf("Sluice ÷ nginx: %.2fx\n", s/n)
 	}
 	return nil
+}
+
+// build builds the command of package pkg into dir and returns the binary's path.
+func build(dir, pkg string) (string, error) {
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building %s: %w", pkg, err)
+	}
+	return bin, nil
 }
 
 // count runs cmd under callgrind and returns the instructions a request of n, and the dump.

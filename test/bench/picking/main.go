@@ -11,8 +11,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -31,6 +29,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/sluicegw/sluice/proxy/upstream"
+	"github.com/sluicegw/sluice/test/bench/chatstream"
 	"github.com/sluicegw/sluice/test/sim"
 )
 
@@ -107,7 +106,7 @@ func run(o options, out io.Writer) error {
 	for range o.background {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				_, _ = stream(ctx, client, urls[0], body())
+				_, _ = chatstream.TTFT(ctx, client, urls[0], body())
 			}
 		})
 	}
@@ -230,7 +229,7 @@ func foreground(ctx context.Context, o options, cl *upstream.Cluster, client *ht
 					continue
 				}
 				e.Begin()
-				ttft, err := stream(ctx, client, e.String(), body())
+				ttft, err := chatstream.TTFT(ctx, client, e.String(), body())
 				e.End()
 				mu.Lock()
 				if err != nil {
@@ -247,42 +246,6 @@ func foreground(ctx context.Context, o options, cl *upstream.Cluster, client *ht
 	close(done)
 	sampler.Wait()
 	return res
-}
-
-// stream sends one streaming chat request to base and reads it to the end. TTFT is the
-// time to the first event carrying content.
-func stream(ctx context.Context, client *http.Client, base string, body []byte) (time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return 0, fmt.Errorf("status %d", resp.StatusCode)
-	}
-	var ttft time.Duration
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if ttft == 0 && bytes.HasPrefix(line, []byte("data: {")) &&
-			bytes.Contains(line, []byte(`"content":"`)) && !bytes.Contains(line, []byte(`"content":""`)) {
-			ttft = time.Since(start)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	if ttft == 0 {
-		return 0, errors.New("no content event")
-	}
-	return ttft, nil
 }
 
 // scraper polls each server's /metrics and keeps the vLLM load gauges of the last
