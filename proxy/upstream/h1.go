@@ -43,10 +43,23 @@ type h1 struct {
 	idleTimeout time.Duration // an idle connection older than this is closed, not reused
 	off         bool          // every request goes to the fallback (clusters[].http_client: net/http)
 
-	mu     sync.Mutex
-	idle   map[string][]*h1Conn // by host:port, most recently used last
-	closed bool
+	mu       sync.Mutex
+	idle     map[string][]*h1Conn // by host:port, most recently used last
+	closed   bool
+	sweeping *time.Timer // armed while connections are idle: closes those past idleTimeout
 }
+
+// An idle connection holds no buffers: they go back to these pools when it goes idle and
+// come from them when it is taken again. After a burst the pool keeps up to maxIdle
+// connections per endpoint for idleTimeout; their 12 KiB of buffers each would be held as
+// long (256 connections: 3 MiB), where the pools give them back at the next collections.
+var (
+	connReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 8<<10) }}
+	connWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+)
+
+// sweepEvery is the least time between two sweeps of the idle pool.
+const sweepEvery = time.Second
 
 // maxInformational bounds the 1xx answers read before the final one (net/http's bound).
 const maxInformational = 5
@@ -355,6 +368,7 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 		// The peek and the close are system calls: outside the pool's lock.
 		if now.Sub(c.used) < t.idleTimeout && socket.Idle(c.c) {
 			c.reuse = true
+			c.buffers()
 			return c, nil
 		}
 		// Too old, or the server closed it while it was idle (uvicorn's keep-alive time-out
@@ -374,9 +388,26 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 		_ = c.c.SetDeadline(longAgo)
 	}
 	c.lim = limitedReader{r: sc, n: -1}
-	c.br = bufio.NewReaderSize(&c.lim, 8<<10)
-	c.bw = bufio.NewWriterSize(sc, 4<<10)
+	c.buffers()
 	return c, nil
+}
+
+// buffers gives c its reader and writer for an exchange.
+func (c *h1Conn) buffers() {
+	c.br = connReaders.Get().(*bufio.Reader)
+	c.br.Reset(&c.lim)
+	c.bw = connWriters.Get().(*bufio.Writer)
+	c.bw.Reset(c.c)
+}
+
+// release gives c's buffers back: it is idle, and nothing reads or writes it until buffers.
+// An answer's body read to its end reads no more (h1Body.eof), so the reader is free.
+func (c *h1Conn) release() {
+	c.br.Reset(nil)
+	connReaders.Put(c.br)
+	c.bw.Reset(nil)
+	connWriters.Put(c.bw)
+	c.br, c.bw = nil, nil
 }
 
 // put returns a connection to the pool (closing it when the pool is full or closed).
@@ -387,6 +418,7 @@ func (t *h1) put(c *h1Conn) {
 	}
 	_ = c.c.SetDeadline(time.Time{})
 	c.used = time.Now()
+	c.release()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed || len(t.idle[c.host]) >= t.maxIdle {
@@ -394,6 +426,45 @@ func (t *h1) put(c *h1Conn) {
 		return
 	}
 	t.idle[c.host] = append(t.idle[c.host], c)
+	if t.sweeping == nil {
+		t.sweeping = time.AfterFunc(t.idleTimeout, t.sweep)
+	}
+}
+
+// sweep closes the idle connections past idleTimeout. get takes the most recently used, so
+// after a burst the rest would otherwise stay open (in CLOSE_WAIT once the server closed
+// its side) until traffic drains the pool down to them. It runs again while any stay idle:
+// when the oldest of them expires, at most once per sweepEvery.
+func (t *h1) sweep() {
+	now := time.Now()
+	var expired []*h1Conn
+	t.mu.Lock()
+	next := time.Duration(-1)
+	for host, l := range t.idle {
+		n := 0 // l is oldest first: the expired ones are a prefix
+		for n < len(l) && now.Sub(l[n].used) >= t.idleTimeout {
+			n++
+		}
+		expired = append(expired, l[:n]...)
+		clear(l[:n])
+		switch l = l[n:]; {
+		case len(l) == 0:
+			delete(t.idle, host)
+		default:
+			t.idle[host] = l
+			if wait := t.idleTimeout - now.Sub(l[0].used); next < 0 || wait < next {
+				next = wait
+			}
+		}
+	}
+	t.sweeping = nil
+	if next >= 0 && !t.closed {
+		t.sweeping = time.AfterFunc(max(next, sweepEvery), t.sweep)
+	}
+	t.mu.Unlock()
+	for _, c := range expired {
+		_ = c.c.Close()
+	}
 }
 
 // close closes the idle connections (the fallback's too), and every connection that goes idle
@@ -402,6 +473,10 @@ func (t *h1) put(c *h1Conn) {
 func (t *h1) close() {
 	t.mu.Lock()
 	t.closed = true
+	if t.sweeping != nil {
+		t.sweeping.Stop()
+		t.sweeping = nil
+	}
 	t.mu.Unlock()
 	t.CloseIdleConnections()
 }

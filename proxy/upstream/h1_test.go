@@ -59,6 +59,16 @@ func rawServer(t *testing.T, serve func(c net.Conn)) string {
 	return ln.Addr().String()
 }
 
+// echoServer answers each request with its body.
+func echoServer(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // countingH1 is an h1 client whose dials are counted.
 func countingH1(t *testing.T) (*h1, *atomic.Int64) {
 	t.Helper()
@@ -531,11 +541,7 @@ func TestH1FallsBack(t *testing.T) {
 
 // TestH1Concurrent: concurrent requests each get their own answer (run with -race).
 func TestH1Concurrent(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		w.Write(b)
-	}))
-	defer srv.Close()
+	srv := echoServer(t)
 	h, dials := countingH1(t)
 	var wg sync.WaitGroup
 	var bad atomic.Int64
@@ -678,6 +684,111 @@ func TestH1ClosedKeepsNoConnection(t *testing.T) {
 	h.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d idle connections kept after close, want 0", n)
+	}
+}
+
+// TestH1IdleHoldsNoBuffers: a connection in the idle pool holds no reader or writer (a
+// burst's hundreds of idle connections would hold 12 KiB each for the idle time-out), and
+// the next request on it gets them back and is answered whole.
+func TestH1IdleHoldsNoBuffers(t *testing.T) {
+	srv := echoServer(t)
+	h, dials := countingH1(t)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	for i := range 3 {
+		want := fmt.Sprintf("request %d", i)
+		resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := readAll(t, resp); b != want {
+			t.Fatalf("answer %q, want %q", b, want)
+		}
+		h.mu.Lock()
+		for _, c := range h.idle[host] {
+			if c.br != nil || c.bw != nil {
+				t.Errorf("request %d: an idle connection holds its buffers", i)
+			}
+		}
+		n := len(h.idle[host])
+		h.mu.Unlock()
+		if n != 1 {
+			t.Fatalf("request %d: %d idle connections, want 1", i, n)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("%d dials for 3 sequential requests, want 1", n)
+	}
+}
+
+// TestH1SweepsIdle: the idle connections a burst left are closed once past the idle time-out
+// with no request after them (get takes the most recent, so the rest would stay open, in
+// CLOSE_WAIT once the server gave up on them, until traffic drained the pool down to them);
+// the server sees each closed. A connection used again in the meantime stays.
+func TestH1SweepsIdle(t *testing.T) {
+	var open atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Path == "/hold" {
+			time.Sleep(50 * time.Millisecond) // the burst's requests overlap: one connection each
+		}
+		w.Write([]byte("ok"))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	h := newH1(d.DialContext, &http.Transport{DialContext: d.DialContext}, 16)
+	defer h.close()
+	h.idleTimeout = 300 * time.Millisecond
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL+"/hold", "x"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			readAll(t, resp)
+		}()
+	}
+	wg.Wait()
+	if n := open.Load(); n != 6 {
+		t.Fatalf("%d connections open after the burst, want 6 (one a request)", n)
+	}
+	// One connection stays in use until the others expired.
+	deadline := time.Now().Add(5 * time.Second)
+	for open.Load() > 1 && time.Now().Before(deadline) {
+		resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := open.Load(); n != 1 {
+		t.Fatalf("%d connections open %v after the burst, want 1 (the one in use)", n, 5*time.Second)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for open.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := open.Load(); n != 0 {
+		t.Errorf("%d connections open with no traffic past the idle time-out, want 0", n)
+	}
+	h.mu.Lock()
+	n := len(h.idle[strings.TrimPrefix(srv.URL, "http://")])
+	h.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d connections left in the idle pool, want 0", n)
 	}
 }
 
