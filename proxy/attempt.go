@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -292,7 +293,9 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 	if lim.try > 0 {
 		try = time.Now().Add(lim.try)
 	}
-	as := scope.New(ctx, vctx, try, errTryTimeout)
+	at := new(attemptScope)
+	as := &at.scope
+	as.Init(ctx, vctx, try, errTryTimeout)
 	defer as.Cancel(nil)
 	actx := context.Context(as)
 	defer func() {
@@ -306,7 +309,7 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		span.End()
 	}()
 
-	out, err := h.outbound(actx, ex, cand, cl, ep, &res)
+	out, err := h.outbound(actx, ex, cand, cl, ep, at, &res)
 	if err != nil {
 		res.failWith(policy.Failf(policy.ClassInvalidRequest, err, err.Error()))
 		return res
@@ -317,7 +320,8 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 		}
 	}()
 
-	wd := startWatchdog(lim.ttft, lim.idle, as)
+	wd := &at.wd
+	wd.start(lim.ttft, lim.idle, as)
 	defer wd.stop()
 	sent := time.Now()
 	if ex.carryTap != nil {
@@ -367,9 +371,10 @@ func (h *Handler) attempt(ctx context.Context, ex *exchange, lim limits, cand po
 // outbound builds the upstream request: same method, path and query on the endpoint's base
 // URL; the client's headers minus hop-by-hop ones; request id and trace context; the
 // cluster's credential; the body (with the model rewritten if the candidate says so).
-func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candidate, cl *clusterState, ep *upstream.Endpoint, res *result) (*http.Request, error) {
+func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candidate, cl *clusterState, ep *upstream.Endpoint, at *attemptScope, res *result) (*http.Request, error) {
 	r := ex.r
-	u := *ep.URL()
+	at.url = *ep.URL()
+	u := &at.url
 	// Keep the path as the client escaped it (a model id "org/name" is one segment,
 	// /v1/models/org%2Fname); RawPath is used only where it is a valid encoding of Path.
 	raw := strings.TrimSuffix(u.EscapedPath(), "/") + r.URL.EscapedPath()
@@ -379,7 +384,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 
 	out := (&http.Request{
 		Method:     r.Method,
-		URL:        &u,
+		URL:        u,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,
 		ProtoMinor: 1,
@@ -403,7 +408,8 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	res.model = model
 	switch {
 	case body != nil:
-		rb := newReplayBody(body)
+		rb := &at.body
+		rb.set(body)
 		out.Body, out.GetBody = rb, rb.again
 		out.ContentLength = int64(len(body))
 	case r.Body != nil && r.Body != http.NoBody:
@@ -436,9 +442,15 @@ type replayBody struct {
 }
 
 func newReplayBody(b []byte) *replayBody {
-	rb := &replayBody{b: b}
-	rb.Reset(b)
+	rb := new(replayBody)
+	rb.set(b)
 	return rb
+}
+
+// set makes rb b's, read from its start.
+func (rb *replayBody) set(b []byte) {
+	rb.b = b
+	rb.Reset(b)
 }
 
 func (rb *replayBody) Close() error { return nil }
@@ -498,16 +510,26 @@ type watchdog struct {
 // Cancel method as a func value, which would be an allocation an attempt).
 type ender interface{ Cancel(cause error) }
 
-func startWatchdog(ttft, idle time.Duration, cancel ender) *watchdog {
-	w := &watchdog{idle: idle, cancel: cancel}
-	if ttft > 0 {
-		w.armed = true
-		alarm.Start(&w.t, ttft, w.fire)
-	}
-	return w
+// attemptScope is what an attempt makes of its own, in one allocation: its scope, its
+// watchdog, and its upstream request's URL and body.
+type attemptScope struct {
+	scope scope.Scope
+	wd    watchdog
+	url   url.URL    // the upstream request's
+	body  replayBody // the upstream request's body when the gateway holds it whole
 }
 
-func (w *watchdog) fire() {
+// start arms a zero watchdog with the TTFT time-out (none when ttft is 0).
+func (w *watchdog) start(ttft, idle time.Duration, cancel ender) {
+	w.idle, w.cancel = idle, cancel
+	if ttft > 0 {
+		w.armed = true
+		alarm.StartFirer(&w.t, ttft, w)
+	}
+}
+
+// Fire ends the attempt: its alarm came due (alarm.Firer).
+func (w *watchdog) Fire() {
 	if w.started.Load() {
 		w.cancel.Cancel(errIdleTimeout)
 	} else {
@@ -529,7 +551,7 @@ func (w *watchdog) beatAt(now time.Time) {
 		w.stop()
 	case !w.armed:
 		w.armed = true
-		alarm.Start(&w.t, w.idle, w.fire)
+		alarm.StartFirer(&w.t, w.idle, w)
 	case now.IsZero():
 		w.t.Reset(w.idle)
 	default:

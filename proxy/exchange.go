@@ -20,6 +20,7 @@ import (
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/openai"
 	"github.com/sluicegw/sluice/proxy/httphead"
+	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/shadow"
 )
 
@@ -62,6 +63,12 @@ type exchange struct {
 	// What write and body point to when set, held here: one allocation, not three.
 	writev deadlineWriter
 	bodyv  bodyDeadline
+
+	// scope is the request's scope (ServeHTTP: the total time-out), and dones the backing of
+	// its admission's Done callbacks (a guard and a limiter: no allocation), held here for
+	// the same reason.
+	scope scope.Scope
+	dones [4]func(policy.Outcome)
 }
 
 func newExchange(w http.ResponseWriter, r *http.Request, write time.Duration) *exchange {

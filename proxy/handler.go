@@ -22,7 +22,6 @@ import (
 	"github.com/sluicegw/sluice/proxy/config"
 	"github.com/sluicegw/sluice/proxy/httphead"
 	"github.com/sluicegw/sluice/proxy/procs"
-	"github.com/sluicegw/sluice/proxy/scope"
 	"github.com/sluicegw/sluice/proxy/telemetry"
 )
 
@@ -125,9 +124,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if t := rt.Timeouts.Total.D(); t > 0 {
 		total = time.Now().Add(t)
 	}
-	rs := scope.New(r.Context(), ctx, total, errTotalTimeout)
-	defer rs.Cancel(nil)
-	ctx = rs
+	ex.scope.Init(r.Context(), ctx, total, errTotalTimeout)
+	defer ex.scope.Cancel(nil)
+	ctx = &ex.scope
 
 	// 4. admit: the route's policy chain (rate limits, guard, concurrency) in order.
 	adm := h.admit(ctx, st, ex, preq)
@@ -317,7 +316,7 @@ type admission struct {
 // admit runs the route's Admitters in order, stopping at the first rejection. Headers a
 // policy sets (x-ratelimit-*) go on the response whatever happens next.
 func (h *Handler) admit(ctx context.Context, st *state, ex *exchange, r *policy.Request) admission {
-	var a admission
+	a := admission{done: ex.dones[:0]}
 	for _, p := range st.admitters[r.Route] {
 		d, err := p.Admit(ctx, r)
 		if err != nil {

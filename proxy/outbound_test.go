@@ -75,7 +75,7 @@ func TestOutbound(t *testing.T) {
 			ex.preq = &policy.Request{Request: &openai.Request{Kind: openai.KindModels}}
 			cl := srv.state.Load().clusters["main"]
 			var res result
-			out, err := h.outbound(context.Background(), ex, policy.Candidate{Cluster: "main"}, cl, cl.Endpoints()[0], &res)
+			out, err := h.outbound(context.Background(), ex, policy.Candidate{Cluster: "main"}, cl, cl.Endpoints()[0], new(attemptScope), &res)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -594,3 +594,10 @@ func TestJSONContentType(t *testing.T) {
 		}
 	}
 }
+
+// startWatchdog starts a watchdog of its own (the attempt's is in its attemptScope).
+func startWatchdog(ttft, idle time.Duration, cancel ender) *watchdog {
+	w := new(watchdog)
+	w.start(ttft, idle, cancel)
+	return w
+}

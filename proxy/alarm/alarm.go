@@ -62,6 +62,7 @@ func (w *Wheel) now() int64 { return int64(time.Since(w.base)) + 1 }
 type Alarm struct {
 	w      *Wheel
 	f      func()
+	fr     Firer        // runs in f's place when set
 	when   atomic.Int64 // the deadline (since the wheel's base); 0 while not armed
 	listed bool         // in w.list; guarded by w.mu
 }
@@ -76,12 +77,26 @@ func (w *Wheel) After(d time.Duration, f func()) *Alarm {
 // Start is After for an Alarm in the caller's memory (its zero value, in a struct of the
 // caller's: no allocation of its own).
 func (w *Wheel) Start(a *Alarm, d time.Duration, f func()) {
-	a.w, a.f = w, f
+	a.w, a.f, a.fr = w, f, nil
 	a.Reset(d)
 }
 
 // Start is Wheel.Start on the default wheel.
 func Start(a *Alarm, d time.Duration, f func()) { std.Start(a, d, f) }
+
+// A Firer is what an alarm started with StartFirer runs: its Fire, in its own goroutine.
+type Firer interface{ Fire() }
+
+// StartFirer is Start with fr.Fire in place of a function: a pointer to a struct the caller
+// has made already goes in an interface without an allocation, where a method value
+// (s.expire) is one of its own each time.
+func (w *Wheel) StartFirer(a *Alarm, d time.Duration, fr Firer) {
+	a.w, a.f, a.fr = w, nil, fr
+	a.Reset(d)
+}
+
+// StartFirer is Wheel.StartFirer on the default wheel.
+func StartFirer(a *Alarm, d time.Duration, fr Firer) { std.StartFirer(a, d, fr) }
 
 // Reset arms a to run d from now, whether it was armed, stopped or had run; it reports
 // whether it was armed (as time.Timer's Reset).
@@ -210,7 +225,11 @@ func (w *Wheel) fire() {
 		w.schedule(earliest)
 	}
 	for _, a := range w.due {
-		go a.f()
+		if a.fr != nil {
+			go a.fr.Fire()
+		} else {
+			go a.f()
+		}
 	}
 	clear(w.due)
 	w.due = w.due[:0]

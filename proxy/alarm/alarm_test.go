@@ -270,3 +270,38 @@ func TestStartInCallersMemory(t *testing.T) {
 		t.Errorf("%.0f allocations to start and stop an Alarm held by the caller", n)
 	}
 }
+
+// firer counts its Fire calls.
+type firer struct{ ran chan struct{} }
+
+func (f *firer) Fire() { f.ran <- struct{}{} }
+
+// TestStartFirer: an alarm started with a Firer runs its Fire at the deadline, after a
+// Start with a function on the same Alarm and before one; starting it with a pointer the
+// caller holds allocates nothing (a method value would, each time).
+func TestStartFirer(t *testing.T) {
+	w := New(time.Millisecond)
+	var holder struct{ a Alarm }
+	fr := &firer{ran: make(chan struct{}, 1)}
+	r := newRan()
+	w.Start(&holder.a, time.Hour, r.f)
+	w.StartFirer(&holder.a, 5*time.Millisecond, fr)
+	select {
+	case <-fr.ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Firer did not run")
+	}
+	w.Start(&holder.a, 5*time.Millisecond, r.f)
+	r.wait(t, 5*time.Second)
+	select {
+	case <-fr.ran:
+		t.Error("the Firer ran after a Start with a function replaced it")
+	default:
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		w.StartFirer(&holder.a, time.Hour, fr)
+		holder.a.Stop()
+	}); n != 0 {
+		t.Errorf("%.0f allocations to start and stop an Alarm with a Firer", n)
+	}
+}

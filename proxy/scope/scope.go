@@ -94,10 +94,19 @@ var closed = func() chan struct{} {
 // parent's. It serves the values of values (nil: parent), which must be parent or a context
 // made from parent with context.WithValue alone: what ends values is not watched.
 func New(parent, values context.Context, deadline time.Time, cause error) *Scope {
+	s := new(Scope)
+	s.Init(parent, values, deadline, cause)
+	return s
+}
+
+// Init is New for a Scope in the caller's memory (a field of a struct made for the request
+// anyway: no allocation of its own). s must be a zero Scope, never used before; the Scope
+// must not be copied after.
+func (s *Scope) Init(parent, values context.Context, deadline time.Time, cause error) {
 	if values == nil {
 		values = parent
 	}
-	s := &Scope{values: values, dlCause: cause}
+	s.values, s.dlCause = values, cause
 	s.self.kid = s
 	own := !deadline.IsZero()
 	if d, ok := parent.Deadline(); ok && (!own || d.Before(deadline)) {
@@ -111,14 +120,13 @@ func New(parent, values context.Context, deadline time.Time, cause error) *Scope
 			s.mu.Lock()
 			if s.state.Load() == live {
 				s.armed = true
-				alarm.Start(&s.timer, wait, s.expire)
+				alarm.StartFirer(&s.timer, wait, (*expiry)(s))
 			}
 			s.mu.Unlock()
 		} else {
 			s.expire()
 		}
 	}
-	return s
 }
 
 // attach lists s in the Scope parent is (or is made from by values alone: the same Done), or
@@ -197,6 +205,12 @@ func (s *Scope) Cancel(cause error) {
 func (s *Scope) expire() {
 	s.end(context.DeadlineExceeded, s.dlCause)
 }
+
+// expiry is a Scope as its alarm's Firer: the alarm runs expire without a method value's
+// allocation, and Scope's own methods do not include a Fire.
+type expiry Scope
+
+func (e *expiry) Fire() { (*Scope)(e).expire() }
 
 // end ends s once: its state, its Done channel, its alarm, its place in its parent, then
 // what was listed in it, in the order listed (newest first).

@@ -408,6 +408,47 @@ func TestDeadlineRunsOnTheAlarm(t *testing.T) {
 	}
 }
 
+// TestInitInCallersMemory: a Scope made with Init in a struct of the caller's ends at its
+// deadline and with its parent as one made with New, and making one with a deadline in a
+// Scope allocates nothing of its own (New: the Scope alone; its alarm's function is the
+// Scope itself, not a method value).
+func TestInitInCallersMemory(t *testing.T) {
+	parent := New(context.Background(), nil, time.Time{}, nil)
+	defer parent.Cancel(nil)
+	var held struct {
+		n int
+		s Scope
+	}
+	held.s.Init(parent, nil, time.Now().Add(20*time.Millisecond), errA)
+	ended(t, &held.s)
+	if Cause(&held.s) != errA || held.s.Err() != context.DeadlineExceeded {
+		t.Errorf("ended with %v (%v), want %v (%v)", held.s.Err(), Cause(&held.s), context.DeadlineExceeded, errA)
+	}
+	var kid struct{ s Scope }
+	kid.s.Init(parent, nil, time.Now().Add(time.Hour), errA)
+	parent.Cancel(errB)
+	ended(t, &kid.s)
+	if Cause(&kid.s) != errB {
+		t.Errorf("a kid's cause %v, want its parent's %v", Cause(&kid.s), errB)
+	}
+
+	live := New(context.Background(), nil, time.Time{}, nil)
+	defer live.Cancel(nil)
+	deadline := time.Now().Add(time.Hour)
+	if n := testing.AllocsPerRun(100, func() {
+		var s Scope
+		s.Init(live, nil, deadline, errA)
+		s.Cancel(nil)
+	}); n != 1 { // the Scope itself escapes (its alarm and its parent list it): 1, nothing more
+		t.Errorf("%.0f allocations to make and end a Scope with a deadline in a Scope, want 1", n)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		New(live, nil, deadline, errA).Cancel(nil)
+	}); n != 1 {
+		t.Errorf("%.0f allocations for New with a deadline in a Scope, want 1", n)
+	}
+}
+
 // TestConcurrentEnds ends parents, kids and AfterFunc registrations from several goroutines
 // at once (run with -race): every kid ends exactly once, with its parent's cause or its own.
 func TestConcurrentEnds(t *testing.T) {
