@@ -5,7 +5,10 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/heapfloor"
 )
 
 // After a burst (thousands of streams held, then gone) the Go runtime keeps the freed heap and
@@ -49,6 +52,52 @@ const (
 	loadReleaseGap   = 5 * time.Second
 )
 
+// busyFloor holds the collector's heap floor (heapfloor) while the gateway is busy. The
+// floor spares a loaded gateway collections (a few KiB of garbage a request); an idle one it
+// only lets keep up to the floor in garbage, which its health checks and scrapes fill on
+// pages that were returned to the OS, so that its resident memory creeps up by the floor
+// over the minutes after a load. The memory loop drops the floor once it sees the gateway
+// quiet (the samples that make a load's end, quietSamples under quietAlloc) and holds it
+// again at the first sample that is not.
+type busyFloor struct {
+	bytes uint64
+
+	mu      sync.Mutex
+	release func() // heapfloor.Hold's, nil while dropped
+	closed  bool
+}
+
+// hold holds the floor unless it is held or closed.
+func (f *busyFloor) hold() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.release == nil && !f.closed {
+		f.release = heapfloor.Hold(f.bytes)
+	}
+}
+
+// drop lets the floor go until the next hold.
+func (f *busyFloor) drop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dropLocked()
+}
+
+func (f *busyFloor) dropLocked() {
+	if f.release != nil {
+		f.release()
+		f.release = nil
+	}
+}
+
+// close drops the floor for good: the server stopped.
+func (f *busyFloor) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	f.dropLocked()
+}
+
 // memSample is what the memory loop decides on.
 type memSample struct {
 	inUse      uint64 // heap spans and stacks in use (live objects and not yet collected garbage)
@@ -89,6 +138,10 @@ func (r memReader) read() memSample {
 	return memSample{inUse: v(0) + v(1) + v(2), retained: v(3), goroutines: int(v(4)), allocs: v(5)}
 }
 
+// idle reports whether the samples up to the last observed were quiet (quietSamples in a
+// row under quietAlloc).
+func (w *memoryWatch) idle() bool { return w.quiet >= quietSamples }
+
 // memoryWatch decides, sample by sample, when to return memory.
 type memoryWatch struct {
 	last     time.Time // the previous release
@@ -128,7 +181,7 @@ func (w *memoryWatch) observe(m memSample, now time.Time) bool {
 	if mostlyFree || burstEnded {
 		w.lastBig, w.peak = now, m.goroutines
 	}
-	w.last, w.released, w.quiet = now, m.allocs, 0
+	w.last, w.released = now, m.allocs // quiet goes on: an idle gateway stays idle
 	return true
 }
 
@@ -151,7 +204,13 @@ func (s *Server) memoryLoop(ctx context.Context) {
 			return
 		case now := <-t.C:
 			m := r.read()
-			if !w.observe(m, now) {
+			release := w.observe(m, now)
+			if w.idle() {
+				s.heapFloor.drop()
+			} else {
+				s.heapFloor.hold()
+			}
+			if !release {
 				continue
 			}
 			releaseMemory()

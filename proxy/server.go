@@ -23,7 +23,6 @@ import (
 	"github.com/sluicegw/sluice/policy/fault"
 	"github.com/sluicegw/sluice/policy/route"
 	"github.com/sluicegw/sluice/proxy/config"
-	"github.com/sluicegw/sluice/proxy/heapfloor"
 	"github.com/sluicegw/sluice/proxy/http1"
 	"github.com/sluicegw/sluice/proxy/procs"
 	"github.com/sluicegw/sluice/proxy/telemetry"
@@ -76,8 +75,8 @@ type Server struct {
 	certs         *certReloader
 	wg            sync.WaitGroup
 	stopWatch     context.CancelFunc
-	releaseProcs  func() // the process's processor Controller, held while serving (procs: adaptive)
-	releaseHeap   func() // the collector's heap floor (heap_floor), held while serving
+	releaseProcs  func()     // the process's processor Controller, held while serving (procs: adaptive)
+	heapFloor     *busyFloor // the collector's heap floor (heap_floor), held while serving and busy
 	reloadsFailed atomic.Int64
 	metricsReg    metric.Registration
 	signalsReg    metric.Registration
@@ -477,6 +476,8 @@ func (s *Server) Start() error {
 	s.shadow.sync(nil, &st, func() { s.state.Store(&st) })
 	s.started.Store(true) // under reloadMu: every generation applied from now on mirrors
 	s.reloadMu.Unlock()
+	s.heapFloor = &busyFloor{bytes: uint64(c.HeapFloor)}
+	s.heapFloor.hold()
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
@@ -489,7 +490,6 @@ func (s *Server) Start() error {
 	if c.Procs != "fixed" {
 		s.releaseProcs = procs.Acquire(s.log)
 	}
-	s.releaseHeap = heapfloor.Hold(uint64(c.HeapFloor))
 	if !s.opts.AwaitConfig || s.applied.Load() {
 		s.ready.Store(true)
 	}
@@ -790,8 +790,8 @@ func (s *Server) shutdown(ctx context.Context) error {
 	if s.releaseProcs != nil {
 		s.releaseProcs()
 	}
-	if s.releaseHeap != nil {
-		s.releaseHeap()
+	if s.heapFloor != nil {
+		s.heapFloor.close()
 	}
 	s.shadow.close()
 	st := s.state.Load()

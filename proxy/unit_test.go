@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"runtime"
 	"runtime/debug"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/sluicegw/sluice/policy"
 	"github.com/sluicegw/sluice/policy/openai"
+	"github.com/sluicegw/sluice/proxy/heapfloor"
 	"github.com/sluicegw/sluice/proxy/upstream"
 )
 
@@ -500,6 +502,54 @@ func TestMemoryWatch(t *testing.T) {
 			if got := w.observe(st.m, t0.Add(st.at)); got != st.want {
 				t.Errorf("%s: step %d: observe = %v, want %v", tc.name, i, got, st.want)
 			}
+		}
+	}
+}
+
+// TestMemoryWatchIdle: the watch is idle after quietSamples quiet samples in a row (the
+// sample whose quiet releases the memory after a load included), and not from the first
+// sample that allocates quietAlloc or more; the memory loop drops the heap floor while idle.
+func TestMemoryWatchIdle(t *testing.T) {
+	const kib = 1 << 10
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var w memoryWatch
+	allocs := uint64(0)
+	for i, st := range []struct {
+		alloc uint64 // since the previous sample
+		idle  bool
+	}{
+		{0, false}, {10 * kib, false}, {10 * kib, true}, // a gateway just started: quiet
+		{64 << 20, false}, {13 << 20, false}, // a load
+		{100 * kib, false}, {100 * kib, false}, {100 * kib, true}, // its end (and its release)
+		{100 * kib, true},
+		{quietAlloc, false}, // a trickle of requests is not idle
+		{0, false}, {0, false}, {0, true},
+	} {
+		allocs += st.alloc
+		w.observe(memSample{inUse: 30 << 20, retained: 10 << 20, goroutines: 18, allocs: allocs}, t0.Add(time.Duration(i)*time.Second))
+		if w.idle() != st.idle {
+			t.Errorf("sample %d (%d KiB allocated): idle %v, want %v", i, st.alloc/kib, w.idle(), st.idle)
+		}
+	}
+}
+
+// TestBusyFloor: the floor is held at hold, let go at drop, held again at the next hold, and
+// never again once closed.
+func TestBusyFloor(t *testing.T) {
+	if os.Getenv("GOGC") != "" {
+		t.Skip("GOGC is set: heapfloor holds nothing")
+	}
+	base := heapfloor.Held()
+	f := &busyFloor{bytes: 32 << 20}
+	for i, st := range []struct {
+		op   func()
+		held int
+	}{
+		{f.hold, 1}, {f.hold, 1}, {f.drop, 0}, {f.drop, 0}, {f.hold, 1}, {f.close, 0}, {f.hold, 0},
+	} {
+		st.op()
+		if got := heapfloor.Held() - base; got != st.held {
+			t.Errorf("step %d: %d floors held, want %d", i, got, st.held)
 		}
 	}
 }
