@@ -60,6 +60,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	conns    map[*conn]bool // true while idle (between requests)
+	connsMax int            // the most conns held since the map was last made (it never shrinks)
 	lns      []net.Listener
 	closed   atomic.Bool
 	handoff  *chanListener
@@ -141,14 +142,28 @@ func (s *Server) track(c *conn, idle bool) bool {
 		return false
 	}
 	s.conns[c] = idle
+	s.connsMax = max(s.connsMax, len(s.conns))
 	return true
 }
 
+// untrack forgets c. A Go map keeps the table of its largest size: after a burst of
+// thousands of connections the map is made anew once it holds an eighth of its peak (one
+// copy of what is left, paid for by the deletes since the peak).
 func (s *Server) untrack(c *conn) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	delete(s.conns, c)
-	s.mu.Unlock()
+	if s.connsMax >= minConnsShrink && len(s.conns) <= s.connsMax/8 {
+		m := make(map[*conn]bool, len(s.conns))
+		for c, idle := range s.conns {
+			m[c] = idle
+		}
+		s.conns, s.connsMax = m, len(m)
+	}
 }
+
+// minConnsShrink is the least peak of connections after which the map is made anew.
+const minConnsShrink = 1024
 
 // Shutdown stops accepting, closes idle connections, lets the requests in flight end (their
 // connections close after their answers) and waits for them until ctx ends; the fallback

@@ -646,3 +646,28 @@ func TestKeptRequestOutlivesTheNext(t *testing.T) {
 		t.Errorf("the second request carries the first's: %s %v %v, length %d, body %T", second.Method, second.URL, second.Header, second.ContentLength, second.Body)
 	}
 }
+
+// TestConnsMapShrinks: after a burst of thousands of connections, the map that tracks them
+// is made anew once few are left (a Go map keeps its largest table: 9,000 streams left 1 MiB
+// behind), and the connections still open stay tracked with their state.
+func TestConnsMapShrinks(t *testing.T) {
+	s := &Server{conns: map[*conn]bool{}}
+	cs := make([]*conn, 3000)
+	for i := range cs {
+		cs[i] = &conn{}
+		if !s.track(cs[i], i%2 == 0) {
+			t.Fatal("track refused on an open server")
+		}
+	}
+	for _, c := range cs[10:] {
+		s.untrack(c)
+	}
+	if len(s.conns) != 10 || s.connsMax > 3000/8 {
+		t.Errorf("%d connections tracked, the map made for a peak of %d; want 10, and a peak of at most %d", len(s.conns), s.connsMax, 3000/8)
+	}
+	for i, c := range cs[:10] {
+		if idle, ok := s.conns[c]; !ok || idle != (i%2 == 0) {
+			t.Errorf("connection %d: tracked %v, idle %v; want tracked, idle %v", i, ok, idle, i%2 == 0)
+		}
+	}
+}

@@ -195,7 +195,9 @@ func (t *h1) exchange(ctx context.Context, c *h1Conn, req *http.Request) (*http.
 		return nil, false, err
 	}
 	before := c.lim.total
-	if werr := writeRequest(c.bw, req); errors.Is(werr, errInvalidHeader) {
+	werr := writeRequest(c.bw, req)
+	c.releaseWriter() // an answer streamed for minutes does not hold the request's buffer
+	if errors.Is(werr, errInvalidHeader) {
 		// Nothing went out that a server should read (the connection is closed with it), and
 		// another connection would refuse it as well.
 		return fail(werr)
@@ -405,9 +407,17 @@ func (c *h1Conn) buffers() {
 func (c *h1Conn) release() {
 	c.br.Reset(nil)
 	connReaders.Put(c.br)
-	c.bw.Reset(nil)
-	connWriters.Put(c.bw)
-	c.br, c.bw = nil, nil
+	c.br = nil
+	c.releaseWriter()
+}
+
+// releaseWriter gives c's writer back once the request is written (or failed to be).
+func (c *h1Conn) releaseWriter() {
+	if c.bw != nil {
+		c.bw.Reset(nil)
+		connWriters.Put(c.bw)
+		c.bw = nil
+	}
 }
 
 // put returns a connection to the pool (closing it when the pool is full or closed).

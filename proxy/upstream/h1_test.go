@@ -720,6 +720,35 @@ func TestH1IdleHoldsNoBuffers(t *testing.T) {
 	}
 }
 
+// TestH1StreamHoldsNoWriter: while an answer streams (a model's minutes of tokens), its
+// connection holds its reader but not the writer its request went out with.
+func TestH1StreamHoldsNoWriter(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Write([]byte("first,"))
+		w.(http.Flusher).Flush()
+		<-release
+		w.Write([]byte("last"))
+	}))
+	defer srv.Close()
+	defer close(release)
+	h, _ := countingH1(t)
+	resp, err := h.RoundTrip(newReq(t, context.Background(), srv.URL, strings.Repeat("x", 10<<10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != "first," {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	c := resp.Body.(*h1Body).c
+	if c.bw != nil || c.br == nil {
+		t.Errorf("mid-answer: writer held %v, reader held %v; want the reader alone", c.bw != nil, c.br != nil)
+	}
+}
+
 // TestH1SweepsIdle: the idle connections a burst left are closed once past the idle time-out
 // with no request after them (get takes the most recent, so the rest would stay open, in
 // CLOSE_WAIT once the server gave up on them, until traffic drained the pool down to them);
