@@ -842,9 +842,9 @@ func TestDialAddr(t *testing.T) {
 	}
 }
 
-// TestWriteURI: the request target written is the URL's RequestURI (its opaque form when it
+// TestAppendURI: the request target appended is the URL's RequestURI (its opaque form when it
 // has one), made without the string.
-func TestWriteURI(t *testing.T) {
+func TestAppendURI(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		u    *url.URL
@@ -859,16 +859,13 @@ func TestWriteURI(t *testing.T) {
 		{"opaque", &url.URL{Scheme: "http", Opaque: "/raw/target", RawQuery: "q=1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var b bytes.Buffer
-			w := bufio.NewWriter(&b)
-			writeURI(w, tc.u)
-			_ = w.Flush()
+			b := appendURI([]byte("GET "), tc.u)
 			want := tc.u.RequestURI()
 			if tc.u.Opaque != "" {
 				want = tc.u.Opaque
 			}
-			if b.String() != want {
-				t.Errorf("wrote %q, want %q", b.String(), want)
+			if string(b) != "GET "+want {
+				t.Errorf("appended %q, want %q", b, "GET "+want)
 			}
 		})
 	}
