@@ -12,6 +12,17 @@ var hopByHop = []string{
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
+// isHopByHop reports whether k is one of hopByHop: a switch, which the compiler makes a
+// few comparisons by length and content, where a loop over the list is nine.
+func isHopByHop(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
 // HopByHop lists the headers a proxy drops from a message whose Connection header has the
 // values connection: the hop-by-hop ones and those the values name (canonical).
 func HopByHop(connection ...string) []string {
@@ -45,10 +56,8 @@ func CopyEndToEndExcept(dst, src http.Header, skip func(name string) bool) {
 	pool := make([]string, 0, len(src))
 next:
 	for k, vs := range src {
-		for _, h := range hopByHop {
-			if k == h {
-				continue next
-			}
+		if isHopByHop(k) {
+			continue
 		}
 		for _, h := range conn {
 			if k == h {

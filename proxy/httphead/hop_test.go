@@ -106,3 +106,18 @@ func TestHopByHop(t *testing.T) {
 		t.Errorf("HopByHop: %v names Content-Length, an end-to-end header", got)
 	}
 }
+
+// TestIsHopByHop: the switch the copy checks names against is the list HopByHop gives, and
+// nothing else (a near name, a lower-case one).
+func TestIsHopByHop(t *testing.T) {
+	for _, k := range hopByHop {
+		if !isHopByHop(k) {
+			t.Errorf("isHopByHop(%q) = false for a name of hopByHop", k)
+		}
+	}
+	for _, k := range []string{"", "Content-Length", "Connections", "Tee", "connection", "Keep-Alive2", "X-Upgrade"} {
+		if isHopByHop(k) {
+			t.Errorf("isHopByHop(%q) = true", k)
+		}
+	}
+}
