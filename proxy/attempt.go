@@ -422,7 +422,8 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		if prior := httphead.Get(out.Header, "X-Forwarded-For"); prior != "" {
 			host = prior + ", " + host
 		}
-		httphead.Set(out.Header, "X-Forwarded-For", host)
+		at.xff[0] = host
+		out.Header["X-Forwarded-For"] = at.xff[:1:1]
 	}
 	if r.TLS != nil {
 		out.Header["X-Forwarded-Proto"] = protoHTTPS
@@ -511,12 +512,13 @@ type watchdog struct {
 type ender interface{ Cancel(cause error) }
 
 // attemptScope is what an attempt makes of its own, in one allocation: its scope, its
-// watchdog, and its upstream request's URL and body.
+// watchdog, and its upstream request's URL, body and X-Forwarded-For value.
 type attemptScope struct {
 	scope scope.Scope
 	wd    watchdog
 	url   url.URL    // the upstream request's
 	body  replayBody // the upstream request's body when the gateway holds it whole
+	xff   [1]string  // its X-Forwarded-For value (capacity 1: an Add copies it)
 }
 
 // start arms a zero watchdog with the TTFT time-out (none when ttft is 0).
