@@ -45,6 +45,11 @@ type conn struct {
 	watchDone chan struct{}
 	armed     bool
 	reqDone   bool
+	polled    bool   // the watch waits in the server's Watcher (token), not in a goroutine
+	token     uint64 // the Watcher's registration
+	sc        net.Conn
+	fire      func()       // watchFired as a func, made once a connection
+	run2      func()       // watchConn as a func, made once a connection
 	req       *scope.Scope // the request's context: cancelled with ErrClientGone
 	aborting  atomic.Bool
 }
@@ -53,6 +58,7 @@ func (c *conn) serve() {
 	s := c.srv
 	handed := false
 	sc := socket.Wrap(c.nc) // raw reads and writes for the request path; the rest is nc's
+	c.sc, c.fire, c.run2 = sc, c.watchFired, c.watchConn
 	c.rd.set, c.wd.set = c.nc.SetReadDeadline, c.nc.SetWriteDeadline
 	c.br, c.bw = getReader(sc), getWriter(sc)
 	c.remote = c.nc.RemoteAddr().String()
@@ -192,19 +198,46 @@ func (c *conn) arm() {
 	}
 	c.armed = true
 	if c.watch == nil {
-		c.watch = alarm.After(c.srv.WatchAfter, c.watchConn)
+		c.watch = alarm.After(c.srv.WatchAfter, c.fire)
 	} else {
 		c.watch.Reset(c.srv.WatchAfter)
 	}
 }
 
-// disarm ends the watch: stops it before it started, or ends its read.
+// watchFired runs when the watch's alarm comes due, in a goroutine of its own: the connection
+// goes to the server's Watcher, which runs watchConn only when the client sends a byte or
+// goes (a held stream keeps no goroutine for it), or, where there is none or the request
+// ended meanwhile (disarm then waits for watchConn), watchConn runs here.
+func (c *conn) watchFired() {
+	if w := c.srv.watching(); w != nil && c.br.Buffered() == 0 {
+		c.wmu.Lock()
+		if c.armed {
+			if tok, ok := w.Add(c.sc, c.run2); ok {
+				c.polled, c.token = true, tok
+				c.wmu.Unlock()
+				return
+			}
+		}
+		c.wmu.Unlock()
+	}
+	c.watchConn()
+}
+
+// disarm ends the watch: stops it before it started, takes it back from the Watcher before it
+// ran, or ends its read.
 func (c *conn) disarm() {
 	c.wmu.Lock()
-	armed := c.armed
-	c.armed, c.reqDone = false, true
+	armed, polled, tok := c.armed, c.polled, c.token
+	c.armed, c.reqDone, c.polled = false, true, false
 	c.wmu.Unlock()
-	if !armed || c.watch.Stop() {
+	switch {
+	case !armed:
+		return
+	case polled:
+		if c.srv.watcher.Remove(c.sc, tok) {
+			return // watchConn will not run
+		}
+	case c.watch.Stop():
 		return
 	}
 	c.aborting.Store(true)

@@ -32,6 +32,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicegw/sluice/proxy/socket"
 )
 
 // ErrClientGone is the cause of a request's context when the client closed its connection.
@@ -67,9 +69,15 @@ type Server struct {
 	fbDone   chan struct{}
 	fbOnce   sync.Once
 	connsWG  sync.WaitGroup
-	dateMu   sync.Mutex
-	dateSec  int64
-	dateText []byte
+
+	// watcher tells the client-gone watches of many connections when their clients send or
+	// go (socket.Watcher: one goroutine for all), made at the first watch; nil where it
+	// cannot be (not Linux), and each watch is then a goroutine blocked in a read.
+	watcherOnce sync.Once
+	watcher     *socket.Watcher
+	dateMu      sync.Mutex
+	dateSec     int64
+	dateText    []byte
 }
 
 // Serve accepts connections on ln and serves each on its own goroutine until Shutdown or
@@ -162,6 +170,27 @@ func (s *Server) untrack(c *conn) {
 	}
 }
 
+// watching returns the server's Watcher, made at the first call (nil: none, or closed).
+func (s *Server) watching() *socket.Watcher {
+	s.watcherOnce.Do(func() {
+		if s.closed.Load() {
+			return
+		}
+		if w, err := socket.NewWatcher(); err == nil {
+			s.watcher = w
+		}
+	})
+	return s.watcher
+}
+
+// closeWatcher stops the Watcher, if one was made; a later watching makes none.
+func (s *Server) closeWatcher() {
+	s.watcherOnce.Do(func() {}) // none from now on
+	if s.watcher != nil {
+		s.watcher.Close()
+	}
+}
+
 // minConnsShrink is the least peak of connections after which the map is made anew.
 const minConnsShrink = 1024
 
@@ -179,6 +208,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		s.connsWG.Wait()
+		s.closeWatcher() // no watch is left (even when ctx ended first)
 		close(done)
 	}()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -205,6 +235,7 @@ func (s *Server) Close() error {
 		_ = c.nc.Close()
 	}
 	s.mu.Unlock()
+	s.closeWatcher()
 	return s.Fallback.Close()
 }
 

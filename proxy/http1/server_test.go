@@ -10,6 +10,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -344,6 +345,46 @@ func TestClientGone(t *testing.T) {
 	resp.Body.Close()
 	_, _ = io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
 	<-started
+	c.Close()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, ErrClientGone) {
+			t.Fatalf("cause %v, want ErrClientGone", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler did not end")
+	}
+}
+
+// TestWatchHoldsNoGoroutine: on Linux a long request's client-gone watch waits in the
+// server's Watcher, not in a goroutine blocked in a read of its own (a held stream's second
+// goroutine), and still cancels the request when the client goes.
+func TestWatchHoldsNoGoroutine(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the Watcher is Linux's")
+	}
+	started, cause := make(chan struct{}), make(chan error, 1)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		select {
+		case <-r.Context().Done():
+			cause <- scope.Cause(r.Context())
+		case <-time.After(5 * time.Second):
+			cause <- errors.New("never cancelled")
+		}
+	}, func(s *Server) { s.WatchAfter = time.Millisecond })
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
+	<-started
+	time.Sleep(50 * time.Millisecond) // the watch has started
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	if strings.Contains(stacks, "(*conn).watchConn") {
+		t.Errorf("a goroutine waits in watchConn while the client is connected:\n%s", stacks)
+	}
 	c.Close()
 	select {
 	case err := <-cause:

@@ -1,4 +1,5 @@
-// Package socket reads and writes a TCP connection with raw system calls.
+// Package socket reads and writes a TCP connection with raw system calls, and watches many
+// connections nothing reads with one goroutine (Watcher, epoll).
 //
 // A read or write on a net.Conn is a system call the runtime is told about (entersyscall).
 // Telling it has a cost a proxy pays on every request: when every processor was idle (a
