@@ -45,11 +45,11 @@ type conn struct {
 	watchDone chan struct{}
 	armed     bool
 	reqDone   bool
-	polled    bool   // the watch waits in the server's Watcher (token), not in a goroutine
-	token     uint64 // the Watcher's registration
-	sc        net.Conn
-	fire      func()       // watchFired as a func, made once a connection
-	run2      func()       // watchConn as a func, made once a connection
+	polled    bool         // the watch waits in the server's Watcher (token), not in a goroutine
+	token     uint64       // the Watcher's registration
+	sc        net.Conn     // the connection as socket.Wrap made it (the Watcher takes it)
+	firedFn   func()       // watchFired as a func, made once a connection
+	watchFn   func()       // watchConn as a func, made once a connection
 	req       *scope.Scope // the request's context: cancelled with ErrClientGone
 	aborting  atomic.Bool
 }
@@ -58,7 +58,7 @@ func (c *conn) serve() {
 	s := c.srv
 	handed := false
 	sc := socket.Wrap(c.nc) // raw reads and writes for the request path; the rest is nc's
-	c.sc, c.fire, c.run2 = sc, c.watchFired, c.watchConn
+	c.sc, c.firedFn, c.watchFn = sc, c.watchFired, c.watchConn
 	c.rd.set, c.wd.set = c.nc.SetReadDeadline, c.nc.SetWriteDeadline
 	c.br, c.bw = getReader(sc), getWriter(sc)
 	c.remote = c.nc.RemoteAddr().String()
@@ -198,7 +198,7 @@ func (c *conn) arm() {
 	}
 	c.armed = true
 	if c.watch == nil {
-		c.watch = alarm.After(c.srv.WatchAfter, c.fire)
+		c.watch = alarm.After(c.srv.WatchAfter, c.firedFn)
 	} else {
 		c.watch.Reset(c.srv.WatchAfter)
 	}
@@ -212,7 +212,7 @@ func (c *conn) watchFired() {
 	if w := c.srv.watching(); w != nil && c.br.Buffered() == 0 {
 		c.wmu.Lock()
 		if c.armed {
-			if tok, ok := w.Add(c.sc, c.run2); ok {
+			if tok, ok := w.Add(c.sc, c.watchFn); ok {
 				c.polled, c.token = true, tok
 				c.wmu.Unlock()
 				return
