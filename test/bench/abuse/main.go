@@ -125,7 +125,7 @@ routes:
     model: sim-llama
     policies: [{type: ratelimit, params: {tokens_per_minute: 100000}}]
   - {name: all, cluster: mock}
-`, gwAddr, adminAddr, o.bodyTimeout, o.writeTimeout, max(4*o.conns, o.idle+64), mockAddr, big.Addr(), flood.Addr(), slowAddr)
+`, gwAddr, adminAddr, o.bodyTimeout, o.writeTimeout, clientBound(o), mockAddr, big.Addr(), flood.Addr(), slowAddr)
 	cfgPath := filepath.Join(dir, "sluice.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
@@ -358,8 +358,12 @@ func largeAnswers(o options, gw string, gwProc *child) (row, error) {
 }
 
 // connectionFlood opens more connections from one address than the per-client bound allows.
+// clientBound is the gateway's limits.max_connections_per_client in the probes' config: the
+// flood's bound, above what the idle-stream probe holds from its one address.
+func clientBound(o options) int { return max(4*o.conns, o.idle+64) }
+
 func connectionFlood(o options, gw string, m *metrics) (row, error) {
-	limit := 4 * o.conns
+	limit := clientBound(o) // 4 × conns alone was under the bound once the idle probe grew past it
 	// The counter is cumulative: the flood's own refusals are what it adds (earlier probes
 	// may have been refused too).
 	before := m.value("sluice_connections_rejected_total", `bound="client"`)
