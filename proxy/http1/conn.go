@@ -48,8 +48,7 @@ type conn struct {
 	polled    bool         // the watch waits in the server's Watcher (token), not in a goroutine
 	token     uint64       // the Watcher's registration
 	sc        net.Conn     // the connection as socket.Wrap made it (the Watcher takes it)
-	firedFn   func()       // watchFired as a func, made once a connection
-	watchFn   func()       // watchConn as a func, made once a connection
+	watchFn   func()       // watchConn as a func, made at the connection's first watch
 	req       *scope.Scope // the request's context: cancelled with ErrClientGone
 	aborting  atomic.Bool
 }
@@ -58,7 +57,7 @@ func (c *conn) serve() {
 	s := c.srv
 	handed := false
 	sc := socket.Wrap(c.nc) // raw reads and writes for the request path; the rest is nc's
-	c.sc, c.firedFn, c.watchFn = sc, c.watchFired, c.watchConn
+	c.sc = sc
 	c.rd.set, c.wd.set = c.nc.SetReadDeadline, c.nc.SetWriteDeadline
 	c.br, c.bw = getReader(sc), getWriter(sc)
 	c.remote = c.nc.RemoteAddr().String()
@@ -198,7 +197,10 @@ func (c *conn) arm() {
 	}
 	c.armed = true
 	if c.watch == nil {
-		c.watch = alarm.After(c.srv.WatchAfter, c.firedFn)
+		// The first watch of the connection: its funcs are made now, not for every connection
+		// (most requests end before WatchAfter).
+		c.watchFn = c.watchConn
+		c.watch = alarm.After(c.srv.WatchAfter, c.watchFired)
 	} else {
 		c.watch.Reset(c.srv.WatchAfter)
 	}

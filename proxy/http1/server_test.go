@@ -325,12 +325,7 @@ func TestClientGone(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, r.Body) // the watch starts once the body is read, as net/http's
 		close(started)
-		select {
-		case <-r.Context().Done():
-			cause <- scope.Cause(r.Context()) // a Scope: context.Cause gives its Err
-		case <-time.After(5 * time.Second):
-			cause <- errors.New("never cancelled")
-		}
+		untilCancelled(r, cause)
 	}, func(s *Server) { s.WatchAfter = 20 * time.Millisecond })
 	c, err := net.Dial("tcp", ts.addr)
 	if err != nil {
@@ -346,6 +341,22 @@ func TestClientGone(t *testing.T) {
 	_, _ = io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
 	<-started
 	c.Close()
+	wantClientGone(t, cause)
+}
+
+// untilCancelled is a handler's wait for its request's end: the request's cause on cause.
+func untilCancelled(r *http.Request, cause chan<- error) {
+	select {
+	case <-r.Context().Done():
+		cause <- scope.Cause(r.Context()) // a Scope: context.Cause gives its Err
+	case <-time.After(5 * time.Second):
+		cause <- errors.New("never cancelled")
+	}
+}
+
+// wantClientGone waits for the handler's cause and wants ErrClientGone.
+func wantClientGone(t *testing.T, cause <-chan error) {
+	t.Helper()
 	select {
 	case err := <-cause:
 		if !errors.Is(err, ErrClientGone) {
@@ -366,12 +377,7 @@ func TestWatchHoldsNoGoroutine(t *testing.T) {
 	started, cause := make(chan struct{}), make(chan error, 1)
 	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
 		close(started)
-		select {
-		case <-r.Context().Done():
-			cause <- scope.Cause(r.Context())
-		case <-time.After(5 * time.Second):
-			cause <- errors.New("never cancelled")
-		}
+		untilCancelled(r, cause)
 	}, func(s *Server) { s.WatchAfter = time.Millisecond })
 	c, err := net.Dial("tcp", ts.addr)
 	if err != nil {
@@ -379,21 +385,35 @@ func TestWatchHoldsNoGoroutine(t *testing.T) {
 	}
 	_, _ = io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
 	<-started
-	time.Sleep(50 * time.Millisecond) // the watch has started
-	buf := make([]byte, 1<<20)
-	stacks := string(buf[:runtime.Stack(buf, true)])
-	if strings.Contains(stacks, "(*conn).watchConn") {
-		t.Errorf("a goroutine waits in watchConn while the client is connected:\n%s", stacks)
+	// The watch has started once it waits in the Watcher (or, without it, in watchConn).
+	deadline := time.Now().Add(5 * time.Second)
+	for !polled(ts.s) && time.Now().Before(deadline) {
+		buf := make([]byte, 1<<20)
+		if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "(*conn).watchConn") {
+			t.Fatalf("a goroutine waits in watchConn while the client is connected:\n%s", stacks)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !polled(ts.s) {
+		t.Fatal("the watch never waited in the Watcher")
 	}
 	c.Close()
-	select {
-	case err := <-cause:
-		if !errors.Is(err, ErrClientGone) {
-			t.Fatalf("cause %v, want ErrClientGone", err)
+	wantClientGone(t, cause)
+}
+
+// polled reports whether a connection of s has its watch in the Watcher.
+func polled(s *Server) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.wmu.Lock()
+		p := c.polled
+		c.wmu.Unlock()
+		if p {
+			return true
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the handler did not end")
 	}
+	return false
 }
 
 // TestWatchKeepsPipelined: the watch of a long request reads the next pipelined request's

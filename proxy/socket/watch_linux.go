@@ -57,9 +57,9 @@ func NewWatcher() (*Watcher, error) {
 
 // Add watches c, which nothing reads until f has run or Remove returned: f runs once, in a
 // goroutine of its own, when c has bytes to read or ended (at once if it has or did already).
-// It returns the registration's token for Remove; ok is false when c cannot be watched (not a
-// TCP or Unix socket, or wrapped in a way Wrap does not see through, as TLS is; or the
-// Watcher closed): the caller then watches it itself.
+// It returns the registration's token for Remove; ok is false when c cannot be watched (not
+// a TCP or Unix socket, or wrapped in a way Wrap does not see through; or the Watcher
+// closed): the caller then watches it itself.
 func (w *Watcher) Add(c net.Conn, f func()) (token uint64, ok bool) {
 	rc := rawOf(c)
 	if rc == nil {
