@@ -31,8 +31,8 @@ func parseRequest(req *http.Request, head []byte) bool {
 	if u == nil {
 		return false
 	}
-	h, ok := httphead.Header(rest, commonKeys)
-	if !ok {
+	h, seen, ok := httphead.Header(rest, commonKeys)
+	if !ok || seen&refused != 0 {
 		return false
 	}
 	hosts := h["Host"]
@@ -40,28 +40,32 @@ func parseRequest(req *http.Request, head []byte) bool {
 		return false
 	}
 	delete(h, "Host")
-	for _, k := range []string{"Transfer-Encoding", "Expect", "Upgrade", "Http2-Settings", "Pragma", "Te", "Trailer"} {
-		if _, ok := h[k]; ok {
+	cl := int64(-1)
+	if seen&httphead.NameContentLength != 0 {
+		vv := h["Content-Length"]
+		if cl, ok = httphead.ContentLength(vv); !ok {
 			return false
 		}
-	}
-	cl, ok := httphead.ContentLength(h["Content-Length"])
-	if !ok {
-		return false
-	}
-	if vv := h["Content-Length"]; len(vv) > 1 {
-		h["Content-Length"] = vv[:1] // identical duplicates: one, as net/http keeps them
+		if len(vv) > 1 {
+			h["Content-Length"] = vv[:1] // identical duplicates: one, as net/http keeps them
+		}
 	}
 	*req = http.Request{
 		Method: method, URL: u, Proto: proto, ProtoMajor: 1, ProtoMinor: 1, Header: h,
 		Host: hosts[0], RequestURI: target, ContentLength: max(cl, 0),
-		Close: httphead.HasToken(h["Connection"], "close"),
+		Close: seen&httphead.NameConnection != 0 && httphead.HasToken(h["Connection"], "close"),
 	}
 	if cl <= 0 {
 		req.Body = http.NoBody // else the server's reader of the body
 	}
 	return true
 }
+
+// refused are the header names of requests the own server leaves to net/http's (which
+// answers or serves them as it does): a body framed otherwise than by its length, an
+// expectation, a protocol switch, and the old or rare ones.
+const refused = httphead.NameTransferEncoding | httphead.NameExpect | httphead.NameUpgrade |
+	httphead.NameHTTP2Settings | httphead.NamePragma | httphead.NameTE | httphead.NameTrailer
 
 // requestURL is the URL of an origin-form request target ("/path?query"), nil for any
 // other form and for bytes net/url or net/http would refuse.

@@ -65,43 +65,129 @@ func Line(s string) (line, rest string, ok bool) {
 	return line, rest, true
 }
 
+// Names is a set of the header names an HTTP/1.1 reader frames a message by, or refuses: Header
+// reports those it read, so that its callers look up only the ones present.
+type Names uint16
+
+// The names of Names.
+const (
+	NameHost Names = 1 << iota
+	NameContentLength
+	NameTransferEncoding
+	NameConnection
+	NameTrailer
+	NameExpect
+	NameUpgrade
+	NameHTTP2Settings
+	NamePragma
+	NameTE
+)
+
+// nameOf is the Names bit of a canonical header name, 0 for any other.
+func nameOf(k string) Names {
+	switch len(k) {
+	case 2:
+		if k == "Te" {
+			return NameTE
+		}
+	case 4:
+		if k == "Host" {
+			return NameHost
+		}
+	case 6:
+		switch k {
+		case "Expect":
+			return NameExpect
+		case "Pragma":
+			return NamePragma
+		}
+	case 7:
+		switch k {
+		case "Trailer":
+			return NameTrailer
+		case "Upgrade":
+			return NameUpgrade
+		}
+	case 10:
+		if k == "Connection" {
+			return NameConnection
+		}
+	case 14:
+		switch k {
+		case "Content-Length":
+			return NameContentLength
+		case "Http2-Settings":
+			return NameHTTP2Settings
+		}
+	case 17:
+		if k == "Transfer-Encoding" {
+			return NameTransferEncoding
+		}
+	}
+	return 0
+}
+
 // Header reads the header lines of s up to its blank line. ok is false for anything
 // net/textproto would refuse or read otherwise: a line that is not "Name: value" with a
 // valid name and value, a folded line, a bare CR, no blank line. Names are canonical
-// (common ones, in any case, without an allocation).
-func Header(s string, common map[string]string) (h http.Header, ok bool) {
+// (common ones, in any case, without an allocation). seen has the framing names among them.
+func Header(s string, common map[string]string) (h http.Header, seen Names, ok bool) {
 	n := strings.Count(s, "\n")
 	h = make(http.Header, n)
+	// Each value is a one-element piece of vals, and each name goes in the map without a
+	// lookup first: a name seen before shows as a map that did not grow. Its values so far
+	// are then gathered from keys (names repeat rarely: once per head, then a lookup each).
 	vals := make([]string, 0, n)
+	var kb [24]string
+	keys := kb[:0]
+	repeated := false
 	for {
 		line, rest, ok := Line(s)
 		if !ok {
-			return nil, false
+			return nil, 0, false
 		}
 		if line == "" {
-			return h, true
+			return h, seen, true
 		}
 		s = rest
 		colon := strings.IndexByte(line, ':')
 		if colon <= 0 {
-			return nil, false
+			return nil, 0, false
 		}
 		key, value := line[:colon], textproto.TrimString(line[colon+1:])
 		if !ValidValue(value) {
-			return nil, false
+			return nil, 0, false
 		}
 		if !canonical(key) { // a canonical name is a valid one, as most clients send them
 			if !ValidName(key) {
-				return nil, false // includes a folded line (leading white space) and "Name :"
+				return nil, 0, false // includes a folded line (leading white space) and "Name :"
 			}
 			key = recase(key, common)
 		}
-		if old := h[key]; old == nil {
-			vals = append(vals, value)
-			h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
-		} else {
-			h[key] = append(old, value)
+		seen |= nameOf(key)
+		vals = append(vals, value)
+		one := vals[len(vals)-1 : len(vals) : len(vals)]
+		if repeated {
+			if old := h[key]; old != nil {
+				one = append(old, value)
+			}
+			h[key] = one
+			continue
 		}
+		before := len(h)
+		h[key] = one
+		if len(h) == before {
+			repeated = true
+			var all []string
+			for i, k := range keys {
+				if k == key {
+					all = append(all, vals[i])
+				}
+			}
+			h[key] = append(all, value)
+			continue
+		}
+		keys = append(keys, key)
 	}
 }
 

@@ -3,10 +3,14 @@ package httphead
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/textproto"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -32,9 +36,74 @@ func TestHeader(t *testing.T) {
 		{"A: 1\r\n", nil, false}, // no blank line
 		{"NoColon\r\n\r\n", nil, false},
 	} {
-		h, ok := Header(tc.in, common)
+		h, _, ok := Header(tc.in, common)
 		if ok != tc.ok || (ok && !reflect.DeepEqual(h, tc.want)) {
 			t.Errorf("Header(%q) = %v, %v; want %v, %v", tc.in, h, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestHeaderRepeats: a name that comes again, at any place and any number of times, has all
+// its values in order; the names around it keep theirs (Header puts a name in the map without
+// a lookup first, and gathers a repeated name's values when the map does not grow).
+func TestHeaderRepeats(t *testing.T) {
+	var many strings.Builder
+	want := http.Header{}
+	for i := range 40 { // more names than Header's list on its stack holds
+		k := fmt.Sprintf("X-N%d", i)
+		fmt.Fprintf(&many, "%s: %d\r\n", k, i)
+		want[k] = []string{strconv.Itoa(i)}
+	}
+	for _, tc := range []struct {
+		name string
+		in   string
+		want http.Header
+	}{
+		{"first and last", "A: 1\r\nB: 2\r\nC: 3\r\nA: 4\r\n\r\n", http.Header{"A": {"1", "4"}, "B": {"2"}, "C": {"3"}}},
+		{"three times", "A: 1\r\nA: 2\r\nB: x\r\nA: 3\r\n\r\n", http.Header{"A": {"1", "2", "3"}, "B": {"x"}}},
+		{"two names repeated", "A: 1\r\nB: 1\r\nA: 2\r\nB: 2\r\nC: 1\r\nB: 3\r\n\r\n",
+			http.Header{"A": {"1", "2"}, "B": {"1", "2", "3"}, "C": {"1"}}},
+		{"in any case", "x-a: 1\r\nX-A: 2\r\nx-A: 3\r\n\r\n", http.Header{"X-A": {"1", "2", "3"}}},
+		{"after many", many.String() + "X-N0: again\r\nX-N39: again\r\nX-New: 1\r\nX-N39: more\r\n\r\n",
+			func() http.Header {
+				h := maps.Clone(want)
+				h["X-N0"] = []string{"0", "again"}
+				h["X-N39"] = []string{"39", "again", "more"}
+				h["X-New"] = []string{"1"}
+				return h
+			}()},
+	} {
+		h, _, ok := Header(tc.in, nil)
+		if !ok || !reflect.DeepEqual(h, tc.want) {
+			t.Errorf("%s: Header = %v, %v; want %v", tc.name, h, ok, tc.want)
+		}
+		// A value list shared with another name's would be written by an Add to either.
+		for k, vv := range h {
+			h[k] = append(vv, "added")
+		}
+		for k, vv := range h {
+			if n := len(vv); n == 0 || vv[n-1] != "added" || slices.Index(vv, "added") != n-1 {
+				t.Errorf("%s: %s = %q after an append to each name", tc.name, k, vv)
+			}
+		}
+	}
+}
+
+// TestHeaderNames: Header tells the framing names it read, in any case, and no others.
+func TestHeaderNames(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Names
+	}{
+		{"Content-Type: a\r\n\r\n", 0},
+		{"host: h\r\ncontent-length: 3\r\n\r\n", NameHost | NameContentLength},
+		{"Transfer-Encoding: chunked\r\nConnection: close\r\nTrailer: X\r\n\r\n", NameTransferEncoding | NameConnection | NameTrailer},
+		{"TE: trailers\r\nExpect: 100-continue\r\nUPGRADE: h2c\r\nHTTP2-Settings: x\r\nPragma: no-cache\r\n\r\n",
+			NameTE | NameExpect | NameUpgrade | NameHTTP2Settings | NamePragma},
+		{"Hosts: h\r\nContent-Lengths: 1\r\nTe-X: 1\r\nX-Connection: 1\r\n\r\n", 0},
+	} {
+		if _, got, ok := Header(tc.in, nil); !ok || got != tc.want {
+			t.Errorf("Header(%q) names = %b, %v; want %b", tc.in, got, ok, tc.want)
 		}
 	}
 }
@@ -86,10 +155,19 @@ func TestBody(t *testing.T) {
 func FuzzHeader(f *testing.F) {
 	f.Add("Content-Type: a\r\nx-a: 1\r\nX-A: 2\r\n\r\n")
 	f.Add("A: 1\r\n b\r\n\r\n")
+	f.Add("A: 1\r\nB: 2\r\nA: 3\r\nB: 4\r\nA: 5\r\n\r\n")
+	f.Add("Host: h\r\nTE: x\r\ncontent-length: 1\r\n\r\n")
 	f.Fuzz(func(t *testing.T, s string) {
-		h, ok := Header(s, Common("Content-Type"))
+		h, seen, ok := Header(s, Common("Content-Type"))
 		if !ok {
 			return
+		}
+		var names Names
+		for k := range h {
+			names |= nameOf(k)
+		}
+		if seen != names {
+			t.Fatalf("%q: names %b, of the map's %b", s, seen, names)
 		}
 		want, err := textproto.NewReader(bufio.NewReader(strings.NewReader(s))).ReadMIMEHeader()
 		if err != nil {

@@ -70,29 +70,29 @@ func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Respo
 	if code < 200 {
 		return nil // 1xx (rare): net/http's reading
 	}
-	h, ok := httphead.Header(rest, commonResponseKeys)
-	if !ok {
-		return nil
-	}
-	if _, ok := h["Trailer"]; ok {
+	h, seen, ok := httphead.Header(rest, commonResponseKeys)
+	if !ok || seen&httphead.NameTrailer != 0 {
 		return nil
 	}
 	resp := &http.Response{
 		Status: status, StatusCode: code, Proto: proto, ProtoMajor: 1, ProtoMinor: 1,
 		Header: h, Request: req, ContentLength: -1,
 	}
-	te, chunked := h["Transfer-Encoding"]
-	if chunked && (len(te) != 1 || !strings.EqualFold(te[0], "chunked")) {
+	chunked := seen&httphead.NameTransferEncoding != 0
+	if te := h["Transfer-Encoding"]; chunked && (len(te) != 1 || !strings.EqualFold(te[0], "chunked")) {
 		return nil
 	}
-	cl, ok := httphead.ContentLength(h["Content-Length"])
-	if !ok || (chunked && cl >= 0) {
-		return nil
+	cl := int64(-1)
+	if seen&httphead.NameContentLength != 0 {
+		vv := h["Content-Length"]
+		if cl, ok = httphead.ContentLength(vv); !ok || chunked {
+			return nil
+		}
+		if len(vv) > 1 {
+			h["Content-Length"] = vv[:1] // identical duplicates: one, as net/http keeps them
+		}
 	}
-	if vv := h["Content-Length"]; len(vv) > 1 {
-		h["Content-Length"] = vv[:1] // identical duplicates: one, as net/http keeps them
-	}
-	if conn := h["Connection"]; httphead.HasToken(conn, "close") {
+	if seen&httphead.NameConnection != 0 && httphead.HasToken(h["Connection"], "close") {
 		resp.Close = true
 		delete(h, "Connection")
 	}
