@@ -377,9 +377,15 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	u := &at.url
 	// Keep the path as the client escaped it (a model id "org/name" is one segment,
 	// /v1/models/org%2Fname); RawPath is used only where it is a valid encoding of Path.
-	raw := strings.TrimSuffix(u.EscapedPath(), "/") + r.URL.EscapedPath()
-	u.Path = strings.TrimSuffix(u.Path, "/") + r.URL.Path
-	u.RawPath = raw
+	if (u.Path == "" || u.Path == "/") && u.RawPath == "" && r.URL.RawPath == "" {
+		// An endpoint at its root and a path its client wrote as net/url would: the
+		// client's path is the request's, escaped when written as it was (no string made).
+		u.Path, u.RawPath = r.URL.Path, ""
+	} else {
+		raw := strings.TrimSuffix(u.EscapedPath(), "/") + r.URL.EscapedPath()
+		u.Path = strings.TrimSuffix(u.Path, "/") + r.URL.Path
+		u.RawPath = raw
+	}
 	u.RawQuery = r.URL.RawQuery
 
 	out := (&http.Request{

@@ -61,6 +61,9 @@ func TestOutbound(t *testing.T) {
 		{"http://up:8000", "/v1/models/org%2Fname", "http://up:8000/v1/models/org%2Fname"},
 		{"http://up:8000/a%2Fb", "/v1/models/org%2Fname?q=%2F", "http://up:8000/a%2Fb/v1/models/org%2Fname?q=%2F"},
 		{"https://up", "/v1/models/a%20b", "https://up/v1/models/a%20b"},
+		{"http://up:8000/", "/v1/models/caf%C3%A9?q=a%20b", "http://up:8000/v1/models/caf%C3%A9?q=a%20b"},
+		{"http://up:8000/", "/v1/models/a%2fb", "http://up:8000/v1/models/a%2fb"},
+		{"http://up:8000/base", "/v1/models/a%20b", "http://up:8000/base/v1/models/a%20b"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.endpoint+tt.target, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -372,7 +373,7 @@ func (p *parser) parse() {
 		case "model":
 			if raw, esc, ok := p.optString(at("model"), "a string"); ok {
 				p.haveModel = true
-				req.Model = string(decoded(raw, esc))
+				req.Model = modelName(decoded(raw, esc))
 			} else {
 				p.haveModel, req.Model = false, ""
 			}
@@ -884,6 +885,28 @@ func (p *parser) toolChoice() {
 }
 
 // decoded returns a string's decoded contents; raw itself when it has no escapes.
+// modelNames holds the model names requests named last, a slot for each of a few: a
+// gateway's requests name a few models, whose strings are then made once each, not once a
+// request. A name that meets another in its slot replaces it; names longer than
+// modelNameMax are not kept. What clients send can take no more than the slots.
+var modelNames [16]atomic.Pointer[string]
+
+const modelNameMax = 128
+
+// modelName is string(b), the string made before for the same bytes when its slot holds it.
+func modelName(b []byte) string {
+	if len(b) == 0 || len(b) > modelNameMax {
+		return string(b)
+	}
+	slot := &modelNames[(len(b)*31+int(b[len(b)-1])*7+int(b[len(b)/2]))&(len(modelNames)-1)]
+	if p := slot.Load(); p != nil && *p == string(b) {
+		return *p
+	}
+	s := string(b)
+	slot.Store(&s)
+	return s
+}
+
 func decoded(raw []byte, esc bool) []byte {
 	if !esc {
 		return raw
