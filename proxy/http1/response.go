@@ -44,8 +44,21 @@ type response struct {
 
 func (r *response) reset(c *conn, req *http.Request) {
 	head, buf := r.head[:0], r.buf[:0]
-	*r = response{c: c, req: req, header: make(http.Header), head: head, buf: buf, clen: -1, closeAfter: req.Close}
+	// The header map is the connection's, emptied for each request (a handler must not
+	// use its ResponseWriter once it returned, as net/http's says): two allocations a
+	// request fewer. One that grew past a small map's size is made anew: iterating a large
+	// table costs its size however few headers it holds.
+	h := r.header
+	if h == nil || len(h) > smallHeader {
+		h = make(http.Header, smallHeader)
+	} else {
+		clear(h)
+	}
+	*r = response{c: c, req: req, header: h, head: head, buf: buf, clen: -1, closeAfter: req.Close}
 }
+
+// smallHeader is the most headers a Go map holds in its small form (one group of 8 slots).
+const smallHeader = 8
 
 func (r *response) Header() http.Header { return r.header }
 

@@ -10,7 +10,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"reflect"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -730,5 +732,59 @@ func TestConnsMapShrinks(t *testing.T) {
 		if idle, ok := s.conns[c]; !ok || idle != (i%2 == 0) {
 			t.Errorf("connection %d: tracked %v, idle %v; want tracked, idle %v", i, ok, idle, i%2 == 0)
 		}
+	}
+}
+
+// TestHeaderMapPerRequest: the answer's header map is the connection's, emptied for each
+// request: a request on a kept-alive connection starts with no header of the one before,
+// including after one that set more headers than a small map holds (then made anew), and
+// the map is not made again for each request.
+func TestHeaderMapPerRequest(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	var maps []uintptr
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		maps = append(maps, reflect.ValueOf(w.Header()).Pointer())
+		mu.Unlock()
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		var before []string
+		for k := range w.Header() {
+			if k != "X-Served-By" {
+				before = append(before, k)
+			}
+		}
+		mu.Lock()
+		seen = append(seen, strings.Join(before, ","))
+		mu.Unlock()
+		for i := range n {
+			w.Header().Set("X-Set-"+strconv.Itoa(i), r.URL.Path)
+		}
+		_, _ = io.WriteString(w, "ok")
+	}, nil)
+	var reqs strings.Builder
+	for i, n := range []int{2, 0, 12, 1, 3, 3} {
+		fmt.Fprintf(&reqs, "GET /%d?n=%d HTTP/1.1\r\nHost: h\r\n\r\n", i, n)
+	}
+	reqs.WriteString("GET /last HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+	got := raw(t, ts.addr, reqs.String())
+	if n := strings.Count(got, "HTTP/1.1 200 OK"); n != 7 {
+		t.Fatalf("%d answers, want 7:\n%s", n, got)
+	}
+	for i, s := range seen {
+		if s != "" {
+			t.Errorf("request %d started with the headers %s", i, s)
+		}
+	}
+	// Each answer has its own headers only: /1 none of /0's, /3 none of /2's twelve.
+	answers := strings.Split(got, "HTTP/1.1 200 OK")[1:]
+	for i, want := range []int{2, 0, 12, 1, 3, 3, 0} {
+		if n := strings.Count(answers[i], "X-Set-"); n != want {
+			t.Errorf("answer %d has %d X-Set- headers, want %d:\n%s", i, n, want, answers[i])
+		}
+	}
+	// One map for the first two requests (2 and 0 headers); a new one after the twelve.
+	if maps[0] != maps[1] || maps[2] != maps[1] || maps[3] == maps[2] || maps[4] != maps[3] {
+		t.Errorf("header maps %x: want the first three alike, a new one for the fourth, kept for the fifth", maps)
 	}
 }
