@@ -48,12 +48,14 @@ func CopyEndToEnd(dst, src http.Header) { CopyEndToEndExcept(dst, src, nil) }
 
 // CopyEndToEndExcept is CopyEndToEnd leaving out, besides, the headers skip reports (nil:
 // none): one pass over src, where deleting them from dst afterwards looks each one up.
+//
+// A value list with no room to grow (its capacity its length: every list Header reads, and
+// net/textproto's for a name sent once) is shared with src, not copied: an Add to either
+// header copies it then, and nothing writes a header's values in place. Any other list is
+// copied, into one backing array for them all (each piece capped at its own end).
 func CopyEndToEndExcept(dst, src http.Header, skip func(name string) bool) {
 	conn := named(src["Connection"])
-	// One backing array for the values copied (each header's slice capped at its own end, so
-	// an Add to one never writes into the next): one allocation, not one per header, sized
-	// for one value a name (a name with several grows it once).
-	pool := make([]string, 0, len(src))
+	var pool []string
 next:
 	for k, vs := range src {
 		if isHopByHop(k) {
@@ -66,6 +68,13 @@ next:
 		}
 		if skip != nil && skip(k) {
 			continue
+		}
+		if len(vs) == cap(vs) {
+			dst[k] = vs
+			continue
+		}
+		if pool == nil {
+			pool = make([]string, 0, len(src))
 		}
 		start := len(pool)
 		pool = append(pool, vs...)

@@ -121,3 +121,45 @@ func TestIsHopByHop(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyEndToEndSharesFullLists: value lists with no room to grow (as Header reads them)
+// are shared, not copied (no allocation into a map that has room), and an Add to either
+// header still leaves the other as it was; a list with room is copied.
+func TestCopyEndToEndSharesFullLists(t *testing.T) {
+	src, _, ok := Header("Content-Type: a\r\nX-A: 1\r\nX-B: 2\r\nX-A: 3\r\n\r\n", nil)
+	if !ok {
+		t.Fatal("Header refused the head")
+	}
+	roomy := make([]string, 1, 4)
+	roomy[0] = "r"
+	src["X-Roomy"] = roomy
+	dst := make(http.Header, 8)
+	CopyEndToEnd(dst, src)
+	if &dst["Content-Type"][0] != &src["Content-Type"][0] {
+		t.Error("a full list was copied")
+	}
+	if &dst["X-Roomy"][0] == &src["X-Roomy"][0] {
+		t.Error("a list with room to grow is shared")
+	}
+	for k := range dst {
+		dst.Add(k, "dst")
+	}
+	for k := range src {
+		src.Add(k, "src")
+	}
+	for k, vv := range dst {
+		if vv[len(vv)-1] != "dst" || slices.Contains(vv, "src") {
+			t.Errorf("dst %s = %q", k, vv)
+		}
+	}
+	for k, vv := range src {
+		if vv[len(vv)-1] != "src" || slices.Contains(vv, "dst") {
+			t.Errorf("src %s = %q", k, vv)
+		}
+	}
+	full := http.Header{"A": {"1"}, "B": {"2"}, "C": {"3"}}
+	into := make(http.Header, 8)
+	if a := testing.AllocsPerRun(100, func() { CopyEndToEnd(into, full) }); a != 0 {
+		t.Errorf("copying full lists: %v allocations", a)
+	}
+}
