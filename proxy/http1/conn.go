@@ -51,6 +51,8 @@ type conn struct {
 	watchFn   func()       // watchConn as a func, made at the connection's first watch
 	req       *scope.Scope // the request's context: cancelled with ErrClientGone
 	aborting  atomic.Bool
+
+	idle atomic.Bool // between requests (Server.track): Shutdown closes it
 }
 
 func (c *conn) serve() {

@@ -61,8 +61,8 @@ type Server struct {
 	Log        *slog.Logger
 
 	mu       sync.Mutex
-	conns    map[*conn]bool // true while idle (between requests)
-	connsMax int            // the most conns held since the map was last made (it never shrinks)
+	conns    map[*conn]struct{} // the connections served (each says itself whether it is idle)
+	connsMax int                // the most conns held since the map was last made (it never shrinks)
 	lns      []net.Listener
 	closed   atomic.Bool
 	handoff  *chanListener
@@ -89,7 +89,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		return http.ErrServerClosed
 	}
 	if s.conns == nil {
-		s.conns = map[*conn]bool{}
+		s.conns = map[*conn]struct{}{}
 	}
 	s.lns = append(s.lns, ln)
 	s.startFallback(ln.Addr())
@@ -117,7 +117,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		backoff = 0
 		c := &conn{srv: s, nc: nc}
 		s.connsWG.Add(1) // before the connection is tracked: Shutdown waits for what it tracks
-		if !s.track(c, true) {
+		if !s.add(c) {
 			s.connsWG.Done()
 			_ = nc.Close()
 			return http.ErrServerClosed
@@ -142,16 +142,27 @@ func (s *Server) startFallback(addr net.Addr) {
 	}()
 }
 
-// track records c (idle or active); false once the server is closed.
-func (s *Server) track(c *conn, idle bool) bool {
+// add tracks the new connection c (idle until its first request); false once the server
+// is closed.
+func (s *Server) add(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed.Load() {
 		return false
 	}
-	s.conns[c] = idle
+	c.idle.Store(true)
+	s.conns[c] = struct{}{}
 	s.connsMax = max(s.connsMax, len(s.conns))
 	return true
+}
+
+// track says whether c is idle (between requests) or serving one; false once the server is
+// closed. No lock, nor map write, a request: c holds its state, and the store comes before
+// the load of closed, as stop's store comes before closeIdle's loads, so that either c sees
+// the server closed or closeIdle sees c idle.
+func (s *Server) track(c *conn, idle bool) bool {
+	c.idle.Store(idle)
+	return !s.closed.Load()
 }
 
 // untrack forgets c. A Go map keeps the table of its largest size: after a burst of
@@ -162,9 +173,9 @@ func (s *Server) untrack(c *conn) {
 	defer s.mu.Unlock()
 	delete(s.conns, c)
 	if s.connsMax >= minConnsShrink && len(s.conns) <= s.connsMax/8 {
-		m := make(map[*conn]bool, len(s.conns))
-		for c, idle := range s.conns {
-			m[c] = idle
+		m := make(map[*conn]struct{}, len(s.conns))
+		for c := range s.conns {
+			m[c] = struct{}{}
 		}
 		s.conns, s.connsMax = m, len(m)
 	}
@@ -258,8 +269,8 @@ func (s *Server) stop() {
 func (s *Server) closeIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for c, idle := range s.conns {
-		if idle {
+	for c := range s.conns {
+		if c.idle.Load() {
 			_ = c.nc.Close()
 			delete(s.conns, c)
 		}

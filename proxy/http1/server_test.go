@@ -714,12 +714,12 @@ func TestKeptRequestOutlivesTheNext(t *testing.T) {
 // is made anew once few are left (a Go map keeps its largest table: 9,000 streams left 1 MiB
 // behind), and the connections still open stay tracked with their state.
 func TestConnsMapShrinks(t *testing.T) {
-	s := &Server{conns: map[*conn]bool{}}
+	s := &Server{conns: map[*conn]struct{}{}}
 	cs := make([]*conn, 3000)
 	for i := range cs {
 		cs[i] = &conn{}
-		if !s.track(cs[i], i%2 == 0) {
-			t.Fatal("track refused on an open server")
+		if !s.add(cs[i]) || !s.track(cs[i], i%2 == 0) {
+			t.Fatal("add or track refused on an open server")
 		}
 	}
 	for _, c := range cs[10:] {
@@ -729,8 +729,8 @@ func TestConnsMapShrinks(t *testing.T) {
 		t.Errorf("%d connections tracked, the map made for a peak of %d; want 10, and a peak of at most %d", len(s.conns), s.connsMax, 3000/8)
 	}
 	for i, c := range cs[:10] {
-		if idle, ok := s.conns[c]; !ok || idle != (i%2 == 0) {
-			t.Errorf("connection %d: tracked %v, idle %v; want tracked, idle %v", i, ok, idle, i%2 == 0)
+		if _, ok := s.conns[c]; !ok || c.idle.Load() != (i%2 == 0) {
+			t.Errorf("connection %d: tracked %v, idle %v; want tracked, idle %v", i, ok, c.idle.Load(), i%2 == 0)
 		}
 	}
 }
@@ -786,5 +786,40 @@ func TestHeaderMapPerRequest(t *testing.T) {
 	// One map for the first two requests (2 and 0 headers); a new one after the twelve.
 	if maps[0] != maps[1] || maps[2] != maps[1] || maps[3] == maps[2] || maps[4] != maps[3] {
 		t.Errorf("header maps %x: want the first three alike, a new one for the fourth, kept for the fifth", maps)
+	}
+}
+
+// TestTrackAndCloseIdle: a connection says itself whether it is idle (no map write a
+// request); closeIdle closes and forgets the idle ones only, and once the server stopped,
+// track refuses: a connection that goes idle after closeIdle looked sees the server closed.
+func TestTrackAndCloseIdle(t *testing.T) {
+	s := &Server{conns: map[*conn]struct{}{}}
+	var cs []*conn
+	var peers []net.Conn
+	for i := range 4 {
+		a, b := net.Pipe()
+		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+		c := &conn{nc: a}
+		if !s.add(c) || !s.track(c, i%2 == 0) {
+			t.Fatal("refused on an open server")
+		}
+		cs, peers = append(cs, c), append(peers, b)
+	}
+	s.stop()
+	s.closeIdle()
+	for i, c := range cs {
+		_ = peers[i].SetReadDeadline(time.Now().Add(200 * time.Millisecond)) // an open pipe times out
+		_, err := peers[i].Read(make([]byte, 1))
+		closed := errors.Is(err, io.EOF)
+		_, tracked := s.conns[c]
+		if idle := i%2 == 0; closed != idle || tracked == idle {
+			t.Errorf("connection %d (idle %v): closed %v (%v), still tracked %v", i, idle, closed, err, tracked)
+		}
+	}
+	if s.track(cs[1], true) || s.track(cs[1], false) {
+		t.Error("track accepted a connection's state after the server stopped")
+	}
+	if s.add(&conn{}) {
+		t.Error("add accepted a connection after the server stopped")
 	}
 }
