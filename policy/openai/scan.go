@@ -135,15 +135,25 @@ func skipSpace(b []byte, i int) int {
 }
 
 // shortString is scanString's common case inline: a string without escapes whose closing
-// quote is within the eight bytes after the opening one (object keys, finish reasons,
-// small tokens). ok is false for anything else, which scanString then scans.
+// quote is within the sixteen bytes after the opening one (object keys up to 15 bytes:
+// "finish_reason", "prompt_tokens", "max_tokens"; finish reasons, roles, small tokens),
+// eight bytes at a time. ok is false for anything else, which scanString then scans.
 func shortString(b []byte, i int) (end int, ok bool) {
-	if i+9 <= len(b) {
-		m := specialMask(binary.LittleEndian.Uint64(b[i+1:]))
-		end = i + 2 + bits.TrailingZeros64(m)>>3
-		ok = m != 0 && b[end-1] == '"'
+	if i+9 > len(b) {
+		return 0, false
 	}
-	return end, ok
+	m := specialMask(binary.LittleEndian.Uint64(b[i+1:]))
+	if m == 0 {
+		if i+17 > len(b) {
+			return 0, false
+		}
+		i += 8
+		if m = specialMask(binary.LittleEndian.Uint64(b[i+1:])); m == 0 {
+			return 0, false
+		}
+	}
+	end = i + 2 + bits.TrailingZeros64(m)>>3
+	return end, b[end-1] == '"'
 }
 
 // scanString scans the string starting at b[i] == '"'. It returns the index just past the
