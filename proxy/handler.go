@@ -456,7 +456,10 @@ func (h *Handler) finish(ctx context.Context, ex *exchange, st *state, rt *confi
 			h.srv.served.learn(res.model) // a server answered for it: a real model
 		}
 		rec.RequestModel = st.modelLabel(&h.srv.served, ex.preq.Model)
-		rec.ResponseModel = st.modelLabel(&h.srv.served, res.model)
+		rec.ResponseModel = rec.RequestModel
+		if res.model != ex.preq.Model { // a split or fallback step that rewrote the model
+			rec.ResponseModel = st.modelLabel(&h.srv.served, res.model)
+		}
 		rec.Stream = ex.preq.Stream
 	}
 	h.srv.tel.RecordRequest(ctx, rec)

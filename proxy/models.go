@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicegw/sluice/policy"
@@ -299,16 +300,20 @@ const maxServedModels = 256
 
 // servedModels are the model names model servers answered successfully, for clusters whose
 // lists are not discovered (health checks off, or no /v1/models). Bounded: past
-// maxServedModels a new name is not learnt. It lives across reloads.
+// maxServedModels a new name is not learnt. It lives across reloads. Every request looks
+// names up in it and few learn one: the set is read without a lock (an immutable map
+// swapped whole), and a name learnt copies it.
 type servedModels struct {
-	mu    sync.RWMutex
-	names map[string]struct{}
+	names atomic.Pointer[map[string]struct{}]
+	mu    sync.Mutex // orders the learners
 }
 
 func (s *servedModels) has(m string) bool {
-	s.mu.RLock()
-	_, ok := s.names[m]
-	s.mu.RUnlock()
+	p := s.names.Load()
+	if p == nil {
+		return false
+	}
+	_, ok := (*p)[m]
 	return ok
 }
 
@@ -317,11 +322,18 @@ func (s *servedModels) learn(m string) {
 		return
 	}
 	s.mu.Lock()
-	if s.names == nil {
-		s.names = map[string]struct{}{}
+	defer s.mu.Unlock()
+	var old map[string]struct{}
+	if p := s.names.Load(); p != nil {
+		old = *p
 	}
-	if len(s.names) < maxServedModels {
-		s.names[m] = struct{}{}
+	if _, ok := old[m]; ok || len(old) >= maxServedModels {
+		return
 	}
-	s.mu.Unlock()
+	names := make(map[string]struct{}, len(old)+1)
+	for k := range old {
+		names[k] = struct{}{}
+	}
+	names[m] = struct{}{}
+	s.names.Store(&names)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -650,4 +651,47 @@ func startWatchdog(ttft, idle time.Duration, cancel ender) *watchdog {
 	w := new(watchdog)
 	w.start(ttft, idle, cancel)
 	return w
+}
+
+// TestServedModels: a name learnt is had (by readers at any time: -race runs the learners
+// beside them), an empty or overlong one is not learnt, and past maxServedModels no new
+// name is.
+func TestServedModels(t *testing.T) {
+	var s servedModels
+	if s.has("m") {
+		t.Fatal("an empty set has a name")
+	}
+	s.learn("")
+	s.learn(strings.Repeat("x", 257))
+	if s.has("") || s.has(strings.Repeat("x", 257)) {
+		t.Error("an empty or overlong name was learnt")
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = s.has("model-7")
+			}
+		}
+	}()
+	for i := range maxServedModels + 10 {
+		s.learn(fmt.Sprintf("model-%d", i))
+		s.learn(fmt.Sprintf("model-%d", i)) // again: nothing changes
+	}
+	close(stop)
+	wg.Wait()
+	for i := range maxServedModels + 10 {
+		if got, want := s.has(fmt.Sprintf("model-%d", i)), i < maxServedModels; got != want {
+			t.Errorf("model-%d: has %v, want %v", i, got, want)
+		}
+	}
+	if n := len(*s.names.Load()); n != maxServedModels {
+		t.Errorf("%d names kept, want %d", n, maxServedModels)
+	}
 }

@@ -44,7 +44,7 @@ type h1 struct {
 	off         bool          // every request goes to the fallback (clusters[].http_client: net/http)
 
 	mu       sync.Mutex
-	idle     map[string][]*h1Conn // by host:port, most recently used last
+	idle     map[string]*idleConns // by host:port
 	closed   bool
 	sweeping *time.Timer // armed while connections are idle: closes those past idleTimeout
 }
@@ -118,7 +118,7 @@ func newH1(dial func(ctx context.Context, network, addr string) (net.Conn, error
 	if maxIdle <= 0 {
 		maxIdle = http.DefaultMaxIdleConnsPerHost
 	}
-	return &h1{dial: dial, fallback: fallback, maxIdle: maxIdle, idleTimeout: 90 * time.Second, idle: map[string][]*h1Conn{}}
+	return &h1{dial: dial, fallback: fallback, maxIdle: maxIdle, idleTimeout: 90 * time.Second, idle: map[string]*idleConns{}}
 }
 
 // handles reports whether h1 sends req itself.
@@ -358,14 +358,14 @@ func (t *h1) get(ctx context.Context, host string) (*h1Conn, error) {
 	now := time.Now()
 	for {
 		t.mu.Lock()
-		l := t.idle[host]
-		if len(l) == 0 {
+		p := t.idle[host]
+		if p == nil || len(p.l) == 0 {
 			t.mu.Unlock()
 			break
 		}
-		c := l[len(l)-1]
-		l[len(l)-1] = nil
-		t.idle[host] = l[:len(l)-1]
+		c := p.l[len(p.l)-1]
+		p.l[len(p.l)-1] = nil
+		p.l = p.l[:len(p.l)-1]
 		t.mu.Unlock()
 		// The peek and the close are system calls: outside the pool's lock.
 		if now.Sub(c.used) < t.idleTimeout && socket.Idle(c.c) {
@@ -420,6 +420,10 @@ func (c *h1Conn) releaseWriter() {
 	}
 }
 
+// idleConns are a host's idle connections, most recently used last: held by pointer, so
+// that taking one or giving one back writes the list, not the map.
+type idleConns struct{ l []*h1Conn }
+
 // put returns a connection to the pool (closing it when the pool is full or closed).
 func (t *h1) put(c *h1Conn) {
 	if c.br.Buffered() > 0 {
@@ -431,11 +435,16 @@ func (t *h1) put(c *h1Conn) {
 	c.release()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed || len(t.idle[c.host]) >= t.maxIdle {
+	p := t.idle[c.host]
+	if t.closed || (p != nil && len(p.l) >= t.maxIdle) {
 		_ = c.c.Close()
 		return
 	}
-	t.idle[c.host] = append(t.idle[c.host], c)
+	if p == nil {
+		p = new(idleConns)
+		t.idle[c.host] = p
+	}
+	p.l = append(p.l, c)
 	if t.sweeping == nil {
 		t.sweeping = time.AfterFunc(t.idleTimeout, t.sweep)
 	}
@@ -450,7 +459,8 @@ func (t *h1) sweep() {
 	var expired []*h1Conn
 	t.mu.Lock()
 	next := time.Duration(-1)
-	for host, l := range t.idle {
+	for host, p := range t.idle {
+		l := p.l
 		n := 0 // l is oldest first: the expired ones are a prefix
 		for n < len(l) && now.Sub(l[n].used) >= t.idleTimeout {
 			n++
@@ -461,7 +471,7 @@ func (t *h1) sweep() {
 		case len(l) == 0:
 			delete(t.idle, host)
 		default:
-			t.idle[host] = l
+			p.l = l
 			if wait := t.idleTimeout - now.Sub(l[0].used); next < 0 || wait < next {
 				next = wait
 			}
@@ -495,10 +505,10 @@ func (t *h1) close() {
 func (t *h1) CloseIdleConnections() {
 	t.mu.Lock()
 	idle := t.idle
-	t.idle = map[string][]*h1Conn{}
+	t.idle = map[string]*idleConns{}
 	t.mu.Unlock()
-	for _, l := range idle {
-		for _, c := range l {
+	for _, p := range idle {
+		for _, c := range p.l {
 			_ = c.c.Close()
 		}
 	}

@@ -384,8 +384,8 @@ func TestH1CancelUnblocksRead(t *testing.T) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, l := range h.idle {
-		if len(l) > 0 {
+	for _, p := range h.idle {
+		if len(p.l) > 0 {
 			t.Error("a cancelled connection went back to the pool")
 		}
 	}
@@ -680,7 +680,7 @@ func TestH1ClosedKeepsNoConnection(t *testing.T) {
 		t.Fatalf("body %q, want %q", b, "body")
 	}
 	h.mu.Lock()
-	n := len(h.idle[strings.TrimPrefix(srv.URL, "http://")])
+	n := len(idleOf(h, strings.TrimPrefix(srv.URL, "http://")))
 	h.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d idle connections kept after close, want 0", n)
@@ -704,12 +704,12 @@ func TestH1IdleHoldsNoBuffers(t *testing.T) {
 			t.Fatalf("answer %q, want %q", b, want)
 		}
 		h.mu.Lock()
-		for _, c := range h.idle[host] {
+		for _, c := range idleOf(h, host) {
 			if c.br != nil || c.bw != nil {
 				t.Errorf("request %d: an idle connection holds its buffers", i)
 			}
 		}
-		n := len(h.idle[host])
+		n := len(idleOf(h, host))
 		h.mu.Unlock()
 		if n != 1 {
 			t.Fatalf("request %d: %d idle connections, want 1", i, n)
@@ -814,7 +814,7 @@ func TestH1SweepsIdle(t *testing.T) {
 		t.Errorf("%d connections open with no traffic past the idle time-out, want 0", n)
 	}
 	h.mu.Lock()
-	n := len(h.idle[strings.TrimPrefix(srv.URL, "http://")])
+	n := len(idleOf(h, strings.TrimPrefix(srv.URL, "http://")))
 	h.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d connections left in the idle pool, want 0", n)
@@ -869,4 +869,12 @@ func TestAppendURI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// idleOf is h's idle connections to host (h.mu held).
+func idleOf(h *h1, host string) []*h1Conn {
+	if p := h.idle[host]; p != nil {
+		return p.l
+	}
+	return nil
 }
