@@ -2,7 +2,7 @@
 # pair.sh measures two Sluice builds paired: the same simulator, the same fixed-rate load
 # (vegeta, a small non-streaming chat request), the builds alternated round by round so that
 # a noisy machine shifts both alike. Per round and build it prints the gateway's CPU time per
-# request (/proc/PID/stat), its peak RSS (VmHWM), vegeta's p50/p99 and, where perf can read
+# request (/proc/PID/stat) and the kernel's part of it, its peak RSS (VmHWM), vegeta's p50/p99 and, where perf can read
 # tracepoints (root), the gateway's futex wake calls (thread wake-ups) and context switches
 # per request.
 #
@@ -58,6 +58,7 @@ wait_up() { # url
 	exit 1
 }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+sticks() { awk '{print $15}' "/proc/$1/stat"; }
 perf_ok=false
 if command -v perf >/dev/null && perf stat -e syscalls:sys_enter_futex -- true >/dev/null 2>&1; then
 	perf_ok=true
@@ -67,8 +68,8 @@ fi
 pids+=($!)
 wait_up "$sim"
 hz=$(getconf CLK_TCK)
-echo "| round | build | CPU/request | peak RSS | p50 | p99 | futex wakes/request | context switches/request |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| round | build | CPU/request | of which kernel | peak RSS | p50 | p99 | futex wakes/request | context switches/request |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for round in $(seq "$rounds"); do
 	for b in 0 1; do
 		"${builds[$b]}" serve --upstream "http://$sim" --listen "$gw" --admin "$admin" >"$tmp/gw.log" 2>&1 &
@@ -76,14 +77,14 @@ for round in $(seq "$rounds"); do
 		pids+=("$g")
 		wait_up "$gw"
 		attack 3 /dev/null
-		t0=$(ticks "$g")
+		t0=$(ticks "$g") s0=$(sticks "$g")
 		if $perf_ok; then
 			perf stat -x, -o "$tmp/perf" -e syscalls:sys_enter_futex --filter 'op == 129' \
 				-e context-switches -p "$g" -- sleep "$secs" &
 			pp=$!
 		fi
 		attack "$secs" "$tmp/res"
-		t1=$(ticks "$g")
+		t1=$(ticks "$g") s1=$(sticks "$g")
 		wakes=- switches=-
 		if $perf_ok; then
 			wait "$pp" || true
@@ -94,8 +95,9 @@ for round in $(seq "$rounds"); do
 		# "Latencies [min, mean, 50, 90, 95, 99, max]  a, b, c, ...": the 50th and the 99th
 		lat=$("$vegeta" report <"$tmp/res" | awk '/^Latencies/ {sub(/.*] +/, ""); split($0, v, ", "); print v[3] " | " v[6]}')
 		cpu=$(awk -v d="$((t1 - t0))" -v hz="$hz" -v n="$((rate * secs))" 'BEGIN {printf "%.0f µs", d / hz * 1e6 / n}')
+		sys=$(awk -v d="$((s1 - s0))" -v hz="$hz" -v n="$((rate * secs))" 'BEGIN {printf "%.0f µs", d / hz * 1e6 / n}')
 		rss=$(awk '/^VmHWM/ {printf "%.1f MiB", $2 / 1024}' "/proc/$g/status")
-		echo "| $round | ${builds[$b]} | $cpu | $rss | $lat | $wakes | $switches |"
+		echo "| $round | ${builds[$b]} | $cpu | $sys | $rss | $lat | $wakes | $switches |"
 		kill "$g"
 		wait "$g" 2>/dev/null || true
 	done
