@@ -371,6 +371,7 @@ func (g *Guard) evictBaselineLocked() {
 		}
 	}
 	if !first {
+		g.bases[victim].evicted.Store(true)
 		delete(g.bases, victim)
 	}
 }
@@ -478,7 +479,7 @@ func (g *Guard) Admit(_ context.Context, r *policy.Request) (policy.Decision, er
 
 	g.admitted.Add(1)
 	g.inflight.Add(1)
-	t := &ticket{g: g, done: done, base: bk, tokens: tokens, feed: reroute == ""}
+	t := &ticket{g: g, done: done, base: bk, b: m.base, tokens: tokens, feed: reroute == ""}
 	dec := policy.Decision{Done: t.settle, Reroute: reroute, CapMaxTokens: capTo}
 	if reroute != "" {
 		g.rerouted.Add(1)
@@ -538,6 +539,7 @@ func breakerError(br *breaker, err error, openFor time.Duration) *policy.Failure
 type measurement struct {
 	pt        *promptText
 	extracted bool
+	base      *baseline // the sender's baseline, when check found one
 }
 
 var textPool = sync.Pool{New: func() any { return new(promptText) }}
@@ -598,6 +600,7 @@ func (g *Guard) check(r *policy.Request, bk baseKey, level, maxTokens int, now t
 	}
 	if g.on.surge {
 		if b := g.baseline(bk, now, false); b != nil {
+			m.base = b
 			var n int
 			if p95, n = b.p95(now); n >= p.SurgeMinRequests && p95 > 0 {
 				limSurge = max(int(factor*float64(p95)), p.SurgeFloorTokens)
@@ -659,7 +662,8 @@ func near(tokens, limit int, margin float64) bool {
 type ticket struct {
 	g       *Guard
 	done    func(error)
-	base    baseKey // the baseline its prompt feeds
+	base    baseKey   // the baseline its prompt feeds
+	b       *baseline // that baseline as the admission found it (nil: none yet)
 	tokens  int
 	feed    bool
 	settled atomic.Bool
@@ -689,7 +693,15 @@ func (t *ticket) settle(o policy.Outcome) {
 	}
 	now := g.clock.Now()
 	if ok && !runaway && t.feed && g.on.surge {
-		g.baseline(t.base, now, true).add(t.tokens, now)
+		// The baseline the admission found, unless it was dropped since (the set was full):
+		// no second lookup of the set for most requests.
+		b := t.b
+		if b != nil && !b.evicted.Load() {
+			b.lastUsed.Store(now.UnixNano())
+		} else {
+			b = g.baseline(t.base, now, true)
+		}
+		b.add(t.tokens, now)
 	}
 	g.level(now)
 }

@@ -45,6 +45,7 @@ type histBucket struct {
 // baseline is one sender's sliding window on a route.
 type baseline struct {
 	lastUsed atomic.Int64 // env clock, UnixNano: for dropping the least recently used
+	evicted  atomic.Bool  // dropped from the set: a ticket holding it looks the sender up again
 	mu       sync.Mutex
 	period   time.Duration
 	head     int64 // the newest epoch seen

@@ -186,3 +186,31 @@ func TestSurgeBaselinesBounded(t *testing.T) {
 		t.Fatalf("%d baselines, want the default bound of 1000", n)
 	}
 }
+
+// TestSurgeTicketAfterEviction: the settle of an admission feeds the baseline the admission
+// found, unless that baseline was dropped meanwhile (the set full): then the sender's
+// baseline is looked up again (made anew), not the dropped one fed where nothing reads it.
+func TestSurgeTicketAfterEviction(t *testing.T) {
+	clk := newClock()
+	g := newGuard(t, Params{SurgeMaxBaselines: 1, SurgeMinRequests: 5, SurgeFloorTokens: 1}, clk)
+	a := func() *policy.Request { return from(chat(t, "", 0, prose(100)), "", "203.0.113.1", true) }
+	b := from(chat(t, "", 0, prose(100)), "", "203.0.113.2", true)
+	admitOK(t, g, a(), ok200) // a's baseline, one prompt
+	clk.Advance(time.Second)
+	held := admit(t, g, a()) // finds a's baseline
+	clk.Advance(time.Second)
+	admitOK(t, g, b, ok200) // the set holds one: a's is dropped for b's
+	if _, n := baselineOf(g, "client:203.0.113.1", clk.Now()); n != 0 {
+		t.Fatalf("a's baseline still there with %d prompts", n)
+	}
+	held.Done(ok200)
+	if _, n := baselineOf(g, "client:203.0.113.1", clk.Now()); n != 1 {
+		t.Errorf("a's baseline after the held admission settled: %d prompts, want 1 (made anew)", n)
+	}
+	// Without an eviction, the settle feeds the baseline the admission found.
+	held = admit(t, g, a())
+	held.Done(ok200)
+	if _, n := baselineOf(g, "client:203.0.113.1", clk.Now()); n != 2 {
+		t.Errorf("a's baseline: %d prompts, want 2", n)
+	}
+}

@@ -135,25 +135,21 @@ func skipSpace(b []byte, i int) int {
 }
 
 // shortString is scanString's common case inline: a string without escapes whose closing
-// quote is within the sixteen bytes after the opening one (object keys up to 15 bytes:
-// "finish_reason", "prompt_tokens", "max_tokens"; finish reasons, roles, small tokens),
+// quote is within the 24 bytes after the opening one (object keys up to 23 bytes:
+// "finish_reason", "completion_tokens", "max_tokens"; finish reasons, roles, small tokens),
 // eight bytes at a time. ok is false for anything else, which scanString then scans.
 func shortString(b []byte, i int) (end int, ok bool) {
-	if i+9 > len(b) {
-		return 0, false
-	}
-	m := specialMask(binary.LittleEndian.Uint64(b[i+1:]))
-	if m == 0 {
-		if i+17 > len(b) {
+	for range 3 {
+		if i+9 > len(b) {
 			return 0, false
+		}
+		if m := specialMask(binary.LittleEndian.Uint64(b[i+1:])); m != 0 {
+			end = i + 2 + bits.TrailingZeros64(m)>>3
+			return end, b[end-1] == '"'
 		}
 		i += 8
-		if m = specialMask(binary.LittleEndian.Uint64(b[i+1:])); m == 0 {
-			return 0, false
-		}
 	}
-	end = i + 2 + bits.TrailingZeros64(m)>>3
-	return end, b[end-1] == '"'
+	return 0, false
 }
 
 // scanString scans the string starting at b[i] == '"'. It returns the index just past the

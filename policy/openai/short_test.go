@@ -7,14 +7,15 @@ import (
 
 // TestShortString: where shortString takes a string, scanString ends it at the same byte,
 // without escapes or error; it takes every plain string whose closing quote is within the
-// sixteen bytes after the opening one and whose sixteen (or eight) bytes are all in b.
+// 24 bytes after the opening one, when the eight-byte words up to that quote are all in b.
 func TestShortString(t *testing.T) {
-	for n := 0; n <= 20; n++ {
+	for n := 0; n <= 28; n++ {
 		for _, tail := range []string{"", ":1", `,"k":"v"}` + strings.Repeat(" ", 20)} {
 			for _, body := range []string{strings.Repeat("a", n), strings.Repeat("a", max(n-1, 0)) + `\"`[:min(n, 2)]} {
 				b := []byte(`"` + body + `"` + tail)
 				checkShort(t, b)
-				wantOK := !strings.Contains(body, `\`) && n <= 15 && (n <= 7 && len(b) >= 9 || len(b) >= 17)
+				words := n/8 + 1 // the words read: up to the one holding the closing quote
+				wantOK := !strings.Contains(body, `\`) && n <= 23 && len(b) >= 1+8*words
 				if _, ok := shortString(b, 0); ok != wantOK {
 					t.Errorf("shortString(%q) ok %v, want %v", b, ok, wantOK)
 				}
