@@ -394,7 +394,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,
 		ProtoMinor: 1,
-		Header:     make(http.Header, len(r.Header)+4),
+		Header:     make(http.Header, outboundHeaders(r)),
 		Host:       u.Host,
 	}).WithContext(ctx)
 	body := ex.preq.Body
@@ -438,6 +438,18 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 	}
 	h.srv.tel.Inject(ctx, out.Header)
 	return out, nil
+}
+
+// outboundHeaders is the size an outbound request's header map is made at: the client's
+// headers, less its Content-Length (the request's own is written), plus the three the
+// gateway sets. A Go map of up to eight is one group; a hint of nine makes a table of four
+// allocations, as the five headers of a plain client plus four did.
+func outboundHeaders(r *http.Request) int {
+	n := len(r.Header) + 3
+	if r.ContentLength > 0 {
+		n--
+	}
+	return n
 }
 
 // replayBody is an outbound request's body held whole: read once a send, and made again for
