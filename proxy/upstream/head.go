@@ -74,10 +74,11 @@ func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Respo
 	if !ok || seen&httphead.NameTrailer != 0 {
 		return nil
 	}
-	resp := &http.Response{
+	a := &answer{resp: http.Response{
 		Status: status, StatusCode: code, Proto: proto, ProtoMajor: 1, ProtoMinor: 1,
 		Header: h, Request: req, ContentLength: -1,
-	}
+	}}
+	resp := &a.resp
 	chunked := seen&httphead.NameTransferEncoding != 0
 	if te := h["Transfer-Encoding"]; chunked && (len(te) != 1 || !strings.EqualFold(te[0], "chunked")) {
 		return nil
@@ -118,11 +119,18 @@ func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Respo
 		resp.Body = http.NoBody
 	case cl > 0:
 		resp.ContentLength = cl
-		resp.Body = &lengthBody{httphead.Body{R: br, N: cl}}
+		a.body = lengthBody{httphead.Body{R: br, N: cl}}
+		resp.Body = &a.body
 	default:
 		return nil // delimited by the connection's end: net/http's reader handles it
 	}
 	return resp
+}
+
+// answer is an answer's head and, when its length is known, its body: one allocation.
+type answer struct {
+	resp http.Response
+	body lengthBody
 }
 
 // lengthBody is an answer's body of known length.

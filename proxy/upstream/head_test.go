@@ -108,3 +108,20 @@ func FuzzReadResponseAgrees(f *testing.F) {
 		compareAnswers(t, b, method)
 	})
 }
+
+// TestParseResponseAllocs: a model server's answer of known length is read in five
+// allocations: the head's string, the header map, its group and its values, and the
+// answer with its body in one.
+func TestParseResponseAllocs(t *testing.T) {
+	head := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nDate: Mon, 07 Dec 2026 23:00:00 GMT\r\n\r\n")
+	br := bufio.NewReader(bytes.NewReader(nil))
+	req := &http.Request{Method: http.MethodPost}
+	a := testing.AllocsPerRun(100, func() {
+		if resp := parseResponse(head, br, req); resp == nil || resp.ContentLength != 2 {
+			t.Fatalf("parseResponse: %+v", resp)
+		}
+	})
+	if a > 5 {
+		t.Errorf("%v allocations an answer, want at most 5", a)
+	}
+}
