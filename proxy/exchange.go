@@ -60,9 +60,10 @@ type exchange struct {
 	body       *bodyDeadline   // the body under the body time-out, nil when none
 	write      *deadlineWriter // the write time-out on the client's writer (under any chaos wrapper), nil when none
 
-	// What write and body point to when set, held here: one allocation, not three.
+	// What write, body and preq point to when set, held here: one allocation, not four.
 	writev deadlineWriter
 	bodyv  bodyDeadline
+	preqv  policy.Request
 
 	// scope is the request's scope (ServeHTTP: the total time-out), and dones the backing of
 	// its admission's Done callbacks (a guard and a limiter: no allocation), held here for

@@ -76,10 +76,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 2. identify: request id, tenant (API key), session, gray flag.
-	preq := &policy.Request{
+	ex.preqv = policy.Request{
 		Request: req, ID: ex.id, Header: r.Header, Arrival: ex.start,
 		Session: sessionOf(r, req), GrayFlag: httphead.Get(r.Header, "X-Gray-Flag"),
 	}
+	preq := &ex.preqv // in the exchange's allocation
 	preq.Client, preq.ClientKnown = st.trust.clientOf(r)
 	if st.tenants != nil {
 		preq.Tenant, _ = st.tenants.Identify(r.Header)
