@@ -695,3 +695,34 @@ func TestServedModels(t *testing.T) {
 		t.Errorf("%d names kept, want %d", n, maxServedModels)
 	}
 }
+
+// deadlineRecorder is a ResponseWriter whose write deadlines are recorded.
+type deadlineRecorder struct {
+	http.ResponseWriter
+	sets []time.Time
+}
+
+func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
+	d.sets = append(d.sets, t)
+	return nil
+}
+
+// TestDeadlineWriterFinish: over HTTP/1 the end of a request moves the connection's write
+// deadline as a write does: not when it was moved within a quarter of the time-out (the
+// flush after the handler keeps at least three quarters), and when it was moved longer ago.
+func TestDeadlineWriterFinish(t *testing.T) {
+	rec := &deadlineRecorder{ResponseWriter: httptest.NewRecorder()}
+	rc := http.NewResponseController(rec)
+	w := &deadlineWriter{ResponseWriter: rec, rc: rc, d: time.Minute}
+	w.push(time.Now())
+	w.finish()
+	if len(rec.sets) != 1 {
+		t.Fatalf("a request that ended at once moved its deadline %d times, want 1 (its start)", len(rec.sets))
+	}
+	w.set -= 2 * time.Second // moved two seconds ago: more than min(1 s, a quarter of a minute)
+	before := time.Now()
+	w.finish()
+	if len(rec.sets) != 2 || rec.sets[1].Before(before.Add(w.d)) {
+		t.Fatalf("a request that ended two seconds after its last move: deadlines %v", rec.sets)
+	}
+}
