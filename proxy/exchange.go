@@ -243,11 +243,10 @@ func (ex *exchange) giveBack(b *answerBuffers) {
 }
 
 func (ex *exchange) settleDeadlines() {
-	if ex.body == nil || ex.body.done.Load() {
-		// A body cut off by its time-out keeps its deadline: the server would otherwise
-		// wait for the rest of it, holding the connection, before closing it.
-		_ = ex.rc.SetReadDeadline(time.Time{})
-	}
+	// The read deadline is the body's (ServeHTTP), lifted by the body's own read of its
+	// end (bodyDeadline.Read); a body cut off by its time-out, or left unread, keeps it: the
+	// server would otherwise wait for the rest of it, holding the connection, before
+	// closing it.
 	if ex.write != nil {
 		ex.write.finish()
 	}

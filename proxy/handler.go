@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -33,6 +34,13 @@ type Handler struct {
 	srv *Server
 }
 
+// arrived reports whether a request's body is in its server's buffer whole (the own
+// HTTP/1.1 server's bodies say so): reading it waits for nobody.
+func arrived(b io.Reader) bool {
+	a, ok := b.(interface{ Arrived() bool })
+	return ok && a.Arrived()
+}
+
 // ServeHTTP serves one client request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := h.srv.state.Load()
@@ -49,11 +57,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer procs.End()
 	ex := newExchange(w, r, c.Timeouts.Write.D())
 	defer ex.release(&h.srv.buffers)
-	if d := c.Timeouts.Body.D(); d > 0 && r.Body != nil && r.Body != http.NoBody {
+	if d := c.Timeouts.Body.D(); d > 0 && r.Body != nil && r.Body != http.NoBody && !arrived(r.Body) {
 		// The body must arrive within the body time-out (the total time-out starts after
 		// parsing): a client that sends part of one holds nothing longer. The deadline is
 		// lifted once the body is read (the server then watches the connection for the
-		// client going away, which a deadline would fake).
+		// client going away, which a deadline would fake). A body the own server holds
+		// whole already (most: it came with the head) needs none.
 		_ = ex.rc.SetReadDeadline(ex.start.Add(d))
 		ex.bodyv = bodyDeadline{ReadCloser: r.Body, rc: &ex.rc}
 		ex.body = &ex.bodyv

@@ -726,3 +726,46 @@ func TestDeadlineWriterFinish(t *testing.T) {
 		t.Fatalf("a request that ended two seconds after its last move: deadlines %v", rec.sets)
 	}
 }
+
+// readDeadlines is a ResponseWriter whose read deadlines are recorded.
+type readDeadlines struct {
+	http.ResponseWriter
+	sets []time.Time
+}
+
+func (d *readDeadlines) SetReadDeadline(t time.Time) error {
+	d.sets = append(d.sets, t)
+	return nil
+}
+
+// arrivedBody is a request body that says whether it is in its server's buffer whole.
+type arrivedBody struct {
+	io.Reader
+	whole bool
+}
+
+func (b *arrivedBody) Close() error  { return nil }
+func (b *arrivedBody) Arrived() bool { return b.whole }
+
+// TestBodyDeadlineOnlyWhileComing: the body time-out is a read deadline set while the body
+// may still be coming, lifted once it was read; a body the server holds whole already gets
+// none (no deadline set, none lifted).
+func TestBodyDeadlineOnlyWhileComing(t *testing.T) {
+	srv := newTestServer(t, "http://127.0.0.1:1") // refused: the answer is a 502, after the body was read
+	h := &Handler{srv: srv}
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	for _, whole := range []bool{true, false} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		r.Body = &arrivedBody{Reader: strings.NewReader(body), whole: whole}
+		r.ContentLength = int64(len(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := &readDeadlines{ResponseWriter: httptest.NewRecorder()}
+		h.ServeHTTP(w, r)
+		switch {
+		case whole && len(w.sets) != 0:
+			t.Errorf("a body held whole: read deadlines %v, want none", w.sets)
+		case !whole && (len(w.sets) != 2 || w.sets[0].IsZero() || !w.sets[1].IsZero()):
+			t.Errorf("a body still coming: read deadlines %v, want one set and lifted", w.sets)
+		}
+	}
+}

@@ -301,6 +301,15 @@ func (b *body) Close() error {
 	return nil
 }
 
+// Arrived reports whether the rest of the body is in the connection's buffer already, so
+// that no read of it waits for the client: a handler need not bound its reading (the
+// gateway's body time-out), which would cost it a deadline set and lifted.
+func (b *body) Arrived() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.closed && b.lr.N <= int64(b.c.br.Buffered())
+}
+
 func (b *body) left() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -823,3 +823,43 @@ func TestTrackAndCloseIdle(t *testing.T) {
 		t.Error("add accepted a connection after the server stopped")
 	}
 }
+
+// TestBodyArrived: a body that came with its head is in the connection's buffer whole
+// (Arrived: its reading waits for nobody); one whose rest comes later is not, until it came.
+func TestBodyArrived(t *testing.T) {
+	type seen struct{ before, after bool }
+	got := make(chan seen, 2)
+	checked := make(chan struct{}, 2) // the handler looked: the rest of a body may come
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		a := r.Body.(interface{ Arrived() bool })
+		var s seen
+		s.before = a.Arrived()
+		checked <- struct{}{}
+		_, _ = io.Copy(io.Discard, r.Body)
+		s.after = a.Arrived() // nothing left: true however it came
+		got <- s
+	}, nil)
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello")
+	<-checked
+	if s := <-got; !s.before || !s.after {
+		t.Errorf("a body with its head: arrived %v before reading, %v after; want both", s.before, s.after)
+	}
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first answer: %v", err)
+	} else {
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}
+	_, _ = io.WriteString(c, "POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhe")
+	<-checked
+	_, _ = io.WriteString(c, "llo")
+	if s := <-got; s.before || !s.after {
+		t.Errorf("a body whose rest came later: arrived %v before reading, %v after; want false, true", s.before, s.after)
+	}
+}
