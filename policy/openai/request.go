@@ -884,7 +884,6 @@ func (p *parser) toolChoice() {
 	}
 }
 
-// decoded returns a string's decoded contents; raw itself when it has no escapes.
 // modelNames holds the model names requests named last, a slot for each of a few: a
 // gateway's requests name a few models, whose strings are then made once each, not once a
 // request. A name that meets another in its slot replaces it; names longer than
@@ -907,6 +906,7 @@ func modelName(b []byte) string {
 	return s
 }
 
+// decoded returns a string's decoded contents; raw itself when it has no escapes.
 func decoded(raw []byte, esc bool) []byte {
 	if !esc {
 		return raw

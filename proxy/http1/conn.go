@@ -303,7 +303,8 @@ func (b *body) Close() error {
 
 // Arrived reports whether the rest of the body is in the connection's buffer already, so
 // that no read of it waits for the client: a handler need not bound its reading (the
-// gateway's body time-out), which would cost it a deadline set and lifted.
+// gateway's body time-out), which would cost it a deadline set and lifted. Call it before
+// the body is read to its end: from then on the client-gone watch may read the connection.
 func (b *body) Arrived() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -47,7 +47,7 @@ func parseRequest(req *http.Request, head []byte) bool {
 			return false
 		}
 		if len(vv) > 1 {
-			h["Content-Length"] = vv[:1] // identical duplicates: one, as net/http keeps them
+			h["Content-Length"] = vv[:1:1] // identical duplicates: one, as net/http keeps them (no room to grow: CopyEndToEnd may share it)
 		}
 	}
 	*req = http.Request{

@@ -49,9 +49,12 @@ func CopyEndToEnd(dst, src http.Header) { CopyEndToEndExcept(dst, src, nil) }
 // CopyEndToEndExcept is CopyEndToEnd leaving out, besides, the headers skip reports (nil:
 // none): one pass over src, where deleting them from dst afterwards looks each one up.
 //
-// A value list with no room to grow (its capacity its length: every list Header reads, and
-// net/textproto's for a name sent once) is shared with src, not copied: an Add to either
-// header copies it then, and nothing writes a header's values in place. Any other list is
+// A value list with no room to grow (its capacity its length: what Header reads for a name
+// sent once or twice, and net/textproto's for a name sent once) is shared with src, not
+// copied: an Add to either header copies it then. What this asks of the code that uses the
+// headers: nothing writes a header's values in place, nor shortens a list and then appends
+// to it (the append would write into the other header's): a list is replaced (Set, Del,
+// Add on a full list) or resliced with its capacity cut too (vv[:1:1]). Any other list is
 // copied, into one backing array for them all (each piece capped at its own end).
 func CopyEndToEndExcept(dst, src http.Header, skip func(name string) bool) {
 	conn := named(src["Connection"])

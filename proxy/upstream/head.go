@@ -90,7 +90,7 @@ func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Respo
 			return nil
 		}
 		if len(vv) > 1 {
-			h["Content-Length"] = vv[:1] // identical duplicates: one, as net/http keeps them
+			h["Content-Length"] = vv[:1:1] // identical duplicates: one, as net/http keeps them (no room to grow: CopyEndToEnd may share it)
 		}
 	}
 	if seen&httphead.NameConnection != 0 && httphead.HasToken(h["Connection"], "close") {

@@ -1,8 +1,9 @@
 // Package rlstest starts the outside parts of a global rate limit for tests: Redis (Debian's
 // redis-server) and Envoy's rate limit service (github.com/envoyproxy/ratelimit, built from
 // the Go module proxy by the module in rls/, so that its dependencies stay out of Sluice's
-// go.mod). Each is a child process in a temporary directory on ephemeral 127.0.0.1 ports,
-// stopped when its test ends (and killed by the kernel if the test process dies, on Linux).
+// go.mod). Each is a child process in a temporary directory on free 127.0.0.1 ports (below
+// the kernel's ephemeral range: freePorts), stopped when its test ends (and killed by the
+// kernel if the test process dies, on Linux).
 //
 // Without redis-server a test skips, or fails when SLUICE_REQUIRE_TOOLS=1 (as CI sets it).
 // The service is built once per test binary: minutes on a clean Go build cache, about a
@@ -17,9 +18,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,9 +54,14 @@ func RequireTool(t testing.TB, name, install string) string {
 	return p
 }
 
-// freePorts returns n distinct ports that were free on 127.0.0.1 a moment ago (listen on :0,
-// then close). Another process may take one before the child binds it: the starters retry.
+// freePorts returns n distinct ports that were free on 127.0.0.1 a moment ago (bound, then
+// closed). Another process may take one before the child binds it: the starters retry. They
+// are picked below the kernel's ephemeral range where it can be read: a child restarted on its
+// port (Redis.Restart, Service.Restart) must find it free, and while the child was down a
+// port of the ephemeral range may have become the source port of any connection the test
+// makes (a gateway's to the service, the service's to Redis), which no retry outlasts.
 func freePorts(n int) ([]int, error) {
+	lo, hi, ok := belowEphemeral()
 	ports := make([]int, 0, n)
 	var lis []net.Listener
 	defer func() {
@@ -61,15 +69,40 @@ func freePorts(n int) ([]int, error) {
 			_ = l.Close()
 		}
 	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		addr := "127.0.0.1:0"
+		if ok && tries < 200 {
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(lo+rand.IntN(hi-lo+1)))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
+			if addr != "127.0.0.1:0" {
+				continue // taken: another
+			}
 			return nil, fmt.Errorf("free port: %w", err)
 		}
 		lis = append(lis, l) // held until all are picked: distinct
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// belowEphemeral is a range of ports under the kernel's ephemeral ones (Linux's
+// ip_local_port_range), ok false when it cannot be read or leaves too little room.
+func belowEphemeral() (lo, hi int, ok bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0, false
+	}
+	first, err := strconv.Atoi(f[0])
+	if err != nil || first-1 < 10000+1024 {
+		return 0, 0, false
+	}
+	return max(1024, first-1-15000), first - 1, true
 }
 
 // LogBuffer is a goroutine-safe sink for a child's (or a gateway's) output, kept for the

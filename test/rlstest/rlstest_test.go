@@ -3,6 +3,8 @@ package rlstest
 import (
 	"errors"
 	"net"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -85,5 +87,35 @@ descriptors:
 `))
 	if len(got) != 2 || got["requests"] != 150 || got["tokens"] != 15000 {
 		t.Errorf("Budgets = %v, want requests 150, tokens 15000", got)
+	}
+}
+
+// TestFreePortsBelowEphemeral: the ports a child is started on are distinct, free, and below
+// the kernel's ephemeral range when it can be read, so that no connection's source port takes
+// one while its child restarts (the fleet suite's "redis restarts" found its port taken).
+func TestFreePortsBelowEphemeral(t *testing.T) {
+	ports, err := freePorts(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi, ok := belowEphemeral()
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if seen[p] {
+			t.Errorf("port %d twice in %v", p, ports)
+		}
+		seen[p] = true
+		if ok && (p < lo || p > hi) {
+			t.Errorf("port %d outside %d..%d, below the ephemeral range", p, lo, hi)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Errorf("port %d not free: %v", p, err)
+			continue
+		}
+		_ = l.Close()
+	}
+	if _, err := os.Stat("/proc/sys/net/ipv4/ip_local_port_range"); err == nil && !ok {
+		t.Error("the ephemeral range is readable but not used")
 	}
 }
