@@ -192,10 +192,8 @@ func (w *deadlineWriter) finish() {
 	// after its last write leaves its flush at least three quarters of the time-out: no
 	// clock read of the wall time, nor alarm moved, for most requests); HTTP/2: the stream's
 	// own timer, which the server stops when the stream ends.
-	if !w.h2 {
-		if mono()-w.set < min(time.Second, w.d/4) {
-			return
-		}
+	if !w.h2 && mono()-w.set < min(time.Second, w.d/4) {
+		return
 	}
 	w.push(time.Now())
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -330,9 +331,9 @@ func (s *servedModels) learn(m string) {
 	if _, ok := old[m]; ok || len(old) >= maxServedModels {
 		return
 	}
-	names := make(map[string]struct{}, len(old)+1)
-	for k := range old {
-		names[k] = struct{}{}
+	names := maps.Clone(old)
+	if names == nil {
+		names = map[string]struct{}{}
 	}
 	names[m] = struct{}{}
 	s.names.Store(&names)

@@ -696,14 +696,19 @@ func TestServedModels(t *testing.T) {
 	}
 }
 
-// deadlineRecorder is a ResponseWriter whose write deadlines are recorded.
+// deadlineRecorder is a ResponseWriter whose read and write deadlines are recorded.
 type deadlineRecorder struct {
 	http.ResponseWriter
-	sets []time.Time
+	reads, writes []time.Time
+}
+
+func (d *deadlineRecorder) SetReadDeadline(t time.Time) error {
+	d.reads = append(d.reads, t)
+	return nil
 }
 
 func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
-	d.sets = append(d.sets, t)
+	d.writes = append(d.writes, t)
 	return nil
 }
 
@@ -716,26 +721,15 @@ func TestDeadlineWriterFinish(t *testing.T) {
 	w := &deadlineWriter{ResponseWriter: rec, rc: rc, d: time.Minute}
 	w.push(time.Now())
 	w.finish()
-	if len(rec.sets) != 1 {
-		t.Fatalf("a request that ended at once moved its deadline %d times, want 1 (its start)", len(rec.sets))
+	if len(rec.writes) != 1 {
+		t.Fatalf("a request that ended at once moved its deadline %d times, want 1 (its start)", len(rec.writes))
 	}
 	w.set -= 2 * time.Second // moved two seconds ago: more than min(1 s, a quarter of a minute)
 	before := time.Now()
 	w.finish()
-	if len(rec.sets) != 2 || rec.sets[1].Before(before.Add(w.d)) {
-		t.Fatalf("a request that ended two seconds after its last move: deadlines %v", rec.sets)
+	if len(rec.writes) != 2 || rec.writes[1].Before(before.Add(w.d)) {
+		t.Fatalf("a request that ended two seconds after its last move: deadlines %v", rec.writes)
 	}
-}
-
-// readDeadlines is a ResponseWriter whose read deadlines are recorded.
-type readDeadlines struct {
-	http.ResponseWriter
-	sets []time.Time
-}
-
-func (d *readDeadlines) SetReadDeadline(t time.Time) error {
-	d.sets = append(d.sets, t)
-	return nil
 }
 
 // arrivedBody is a request body that says whether it is in its server's buffer whole.
@@ -759,13 +753,13 @@ func TestBodyDeadlineOnlyWhileComing(t *testing.T) {
 		r.Body = &arrivedBody{Reader: strings.NewReader(body), whole: whole}
 		r.ContentLength = int64(len(body))
 		r.Header.Set("Content-Type", "application/json")
-		w := &readDeadlines{ResponseWriter: httptest.NewRecorder()}
+		w := &deadlineRecorder{ResponseWriter: httptest.NewRecorder()}
 		h.ServeHTTP(w, r)
 		switch {
-		case whole && len(w.sets) != 0:
-			t.Errorf("a body held whole: read deadlines %v, want none", w.sets)
-		case !whole && (len(w.sets) != 2 || w.sets[0].IsZero() || !w.sets[1].IsZero()):
-			t.Errorf("a body still coming: read deadlines %v, want one set and lifted", w.sets)
+		case whole && len(w.reads) != 0:
+			t.Errorf("a body held whole: read deadlines %v, want none", w.reads)
+		case !whole && (len(w.reads) != 2 || w.reads[0].IsZero() || !w.reads[1].IsZero()):
+			t.Errorf("a body still coming: read deadlines %v, want one set and lifted", w.reads)
 		}
 	}
 }

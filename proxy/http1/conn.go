@@ -238,7 +238,7 @@ func (c *conn) disarm() {
 	case !armed:
 		return
 	case polled:
-		if c.srv.watcher.Remove(c.sc, tok) {
+		if c.srv.watcher.Remove(tok) {
 			return // watchConn will not run
 		}
 	case c.watch.Stop():

@@ -42,12 +42,8 @@ func parseRequest(req *http.Request, head []byte) bool {
 	delete(h, "Host")
 	cl := int64(-1)
 	if seen&httphead.NameContentLength != 0 {
-		vv := h["Content-Length"]
-		if cl, ok = httphead.ContentLength(vv); !ok {
+		if cl, ok = httphead.OneContentLength(h); !ok {
 			return false
-		}
-		if len(vv) > 1 {
-			h["Content-Length"] = vv[:1:1] // identical duplicates: one, as net/http keeps them (no room to grow: CopyEndToEnd may share it)
 		}
 	}
 	*req = http.Request{

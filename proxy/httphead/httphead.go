@@ -326,6 +326,17 @@ func ContentLength(vv []string) (n int64, ok bool) {
 	return n, true
 }
 
+// OneContentLength is the length h's Content-Length values state (ContentLength), and keeps
+// one of identical duplicates, as net/http does: with no room to grow, so that a header that
+// shares it (CopyEndToEnd) is never written through.
+func OneContentLength(h http.Header) (n int64, ok bool) {
+	vv := h["Content-Length"]
+	if n, ok = ContentLength(vv); ok && len(vv) > 1 {
+		h["Content-Length"] = vv[:1:1]
+	}
+	return n, ok
+}
+
 // Body reads a message body of known length from R: N bytes, then io.EOF (with the last
 // bytes); io.ErrUnexpectedEOF when R ends first. An error sticks.
 type Body struct {

@@ -293,3 +293,28 @@ func TestCanonical(t *testing.T) {
 		}
 	}
 }
+
+// TestOneContentLength: identical duplicates keep one value, with no room to grow (a header
+// that shares the list, CopyEndToEnd, is not written through by an Add to either); differing
+// ones are refused; none is -1.
+func TestOneContentLength(t *testing.T) {
+	h, _, _ := Header("Content-Length: 5\r\nContent-Length: 5\r\nX: y\r\n\r\n", nil)
+	if n, ok := OneContentLength(h); n != 5 || !ok {
+		t.Fatalf("duplicates: %d, %v", n, ok)
+	}
+	if vv := h["Content-Length"]; len(vv) != 1 || cap(vv) != 1 {
+		t.Errorf("kept %q with capacity %d, want one value and no room", vv, cap(vv))
+	}
+	dst := http.Header{}
+	CopyEndToEnd(dst, h)
+	h.Add("Content-Length", "9")
+	if got := dst.Values("Content-Length"); len(got) != 1 || got[0] != "5" {
+		t.Errorf("the copy reads %q after an Add to the source, want [5]", got)
+	}
+	if _, ok := OneContentLength(http.Header{"Content-Length": {"5", "6"}}); ok {
+		t.Error("differing lengths accepted")
+	}
+	if n, ok := OneContentLength(http.Header{}); n != -1 || !ok {
+		t.Errorf("no length: %d, %v", n, ok)
+	}
+}

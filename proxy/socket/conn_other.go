@@ -24,7 +24,7 @@ func NewWatcher() (*Watcher, error) { return nil, errors.New("socket: no watcher
 func (*Watcher) Add(net.Conn, func()) (uint64, bool) { return 0, false }
 
 // Remove reports false: nothing was added.
-func (*Watcher) Remove(net.Conn, uint64) bool { return false }
+func (*Watcher) Remove(uint64) bool { return false }
 
 // Close does nothing.
 func (*Watcher) Close() {}

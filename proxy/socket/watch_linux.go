@@ -84,9 +84,9 @@ func (w *Watcher) Add(c net.Conn, f func()) (token uint64, ok bool) {
 	return token, true
 }
 
-// Remove ends the watch of token (c is its connection) and reports whether it ended before
-// its function was started: false means the function runs (or ran).
-func (w *Watcher) Remove(c net.Conn, token uint64) bool {
+// Remove ends the watch of token and reports whether it ended before its function was
+// started: false means the function runs (or ran).
+func (w *Watcher) Remove(token uint64) bool {
 	w.mu.Lock()
 	e, ok := w.conns[token]
 	delete(w.conns, token)

@@ -76,12 +76,12 @@ func TestWatcher(t *testing.T) {
 	t.Run("removed first", func(t *testing.T) {
 		c, s := pair(t)
 		tok, ran := mustAdd(t, w, s)
-		if !w.Remove(s, tok) {
+		if !w.Remove(tok) {
 			t.Fatal("Remove before any byte: false")
 		}
 		_, _ = c.Write([]byte("x"))
 		notRan(t, ran, "removed")
-		if w.Remove(s, tok) {
+		if w.Remove(tok) {
 			t.Error("a second Remove: true")
 		}
 		// The connection can be watched again (its registration was deleted).
@@ -93,7 +93,7 @@ func TestWatcher(t *testing.T) {
 		tok, ran := mustAdd(t, w, s)
 		_, _ = c.Write([]byte("x"))
 		waitRan(t, ran, "a byte")
-		if w.Remove(s, tok) {
+		if w.Remove(tok) {
 			t.Error("Remove after the function ran: true")
 		}
 	})
@@ -109,7 +109,7 @@ func TestWatcher(t *testing.T) {
 	_, s := pair(t)
 	tok, ran := mustAdd(t, w, s)
 	w.Close()
-	if !w.Remove(s, tok) {
+	if !w.Remove(tok) {
 		t.Error("Remove after Close: false for a registration that never ran")
 	}
 	if _, ok := w.Add(s, func() {}); ok {

@@ -80,17 +80,15 @@ func parseResponse(head []byte, br *bufio.Reader, req *http.Request) *http.Respo
 	}}
 	resp := &a.resp
 	chunked := seen&httphead.NameTransferEncoding != 0
-	if te := h["Transfer-Encoding"]; chunked && (len(te) != 1 || !strings.EqualFold(te[0], "chunked")) {
-		return nil
+	if chunked {
+		if te := h["Transfer-Encoding"]; len(te) != 1 || !strings.EqualFold(te[0], "chunked") {
+			return nil
+		}
 	}
 	cl := int64(-1)
 	if seen&httphead.NameContentLength != 0 {
-		vv := h["Content-Length"]
-		if cl, ok = httphead.ContentLength(vv); !ok || chunked {
+		if cl, ok = httphead.OneContentLength(h); !ok || chunked {
 			return nil
-		}
-		if len(vv) > 1 {
-			h["Content-Length"] = vv[:1:1] // identical duplicates: one, as net/http keeps them (no room to grow: CopyEndToEnd may share it)
 		}
 	}
 	if seen&httphead.NameConnection != 0 && httphead.HasToken(h["Connection"], "close") {
