@@ -425,8 +425,10 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 
 	out.Header["X-Request-Id"] = ex.idHeader()
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := httphead.Get(out.Header, "X-Forwarded-For"); prior != "" {
-			host = prior + ", " + host
+		// Every hop the client's proxies listed, in however many lines they wrote them (a
+		// chain of proxies may add a line each), then the client's address.
+		if prior := out.Header["X-Forwarded-For"]; len(prior) > 0 {
+			host = strings.Join(prior, ", ") + ", " + host
 		}
 		at.xff[0] = host
 		out.Header["X-Forwarded-For"] = at.xff[:1:1]

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -181,5 +182,27 @@ func TestOutboundAllocs(t *testing.T) {
 	// (a method value); the map made for nine was four allocations, six in all.
 	if a > 4 {
 		t.Errorf("%v allocations an outbound request, want at most 4", a)
+	}
+}
+
+// TestOutboundForwardedForLines: a request that came through a chain of proxies, each of
+// which added its own X-Forwarded-For line, goes upstream with every hop, in order, and its
+// client's address last (as net/http's ReverseProxy joins them).
+func TestOutboundForwardedForLines(t *testing.T) {
+	srv := newTestServer(t, "http://up:8000")
+	h := &Handler{srv: srv}
+	r := httptest.NewRequest(http.MethodGet, "/v1/models", nil)
+	r.Header.Add("X-Forwarded-For", "203.0.113.7")
+	r.Header.Add("X-Forwarded-For", "10.0.0.1, 10.0.0.2")
+	ex := newExchange(httptest.NewRecorder(), r, 0)
+	ex.preq = &policy.Request{Request: &openai.Request{Kind: openai.KindModels}}
+	cl := srv.state.Load().clusters["main"]
+	var res result
+	out, err := h.outbound(context.Background(), ex, policy.Candidate{Cluster: "main"}, cl, cl.Endpoints()[0], new(attemptScope), &res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := out.Header.Values("X-Forwarded-For"), []string{"203.0.113.7, 10.0.0.1, 10.0.0.2, 192.0.2.1"}; !slices.Equal(got, want) {
+		t.Errorf("X-Forwarded-For %q, want %q", got, want)
 	}
 }
