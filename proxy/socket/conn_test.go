@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -303,6 +304,37 @@ func TestReset(t *testing.T) {
 	}
 	if !(errors.Is(werr, syscall.ECONNRESET) || errors.Is(werr, syscall.EPIPE)) || !strings.HasPrefix(errText(werr), "write tcp ADDR->ADDR: ") {
 		t.Errorf("write after a reset: %v", werr)
+	}
+}
+
+// TestWriteRaisesNoSIGPIPE: a write to a connection whose peer is gone fails with EPIPE (or
+// ECONNRESET) and raises no SIGPIPE: a program that asked for SIGPIPE (signal.Notify) would
+// otherwise get one for every client that went away mid-answer.
+func TestWriteRaisesNoSIGPIPE(t *testing.T) {
+	if raceBuild {
+		t.Skip("the race detector's build writes with write(2)")
+	}
+	sig := make(chan os.Signal, 8)
+	signal.Notify(sig, syscall.SIGPIPE)
+	defer signal.Stop(sig)
+	c, peer := pair(t)
+	w := Wrap(c)
+	_ = peer.SetLinger(0)
+	peer.Close()
+	var werr error
+	for range 100 {
+		if _, werr = w.Write([]byte("hello")); werr != nil && errors.Is(werr, syscall.EPIPE) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !errors.Is(werr, syscall.EPIPE) {
+		t.Fatalf("writes after a reset: %v, want EPIPE in the end", werr)
+	}
+	select {
+	case s := <-sig:
+		t.Errorf("a write raised %v", s)
+	case <-time.After(50 * time.Millisecond):
 	}
 }
 

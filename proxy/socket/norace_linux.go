@@ -9,15 +9,19 @@ import (
 
 const raceBuild = false
 
-// sysRead is one raw read(2) of p (not empty).
+// sysRead is one raw recv(2) of p (not empty): read(2)'s effect on a socket, without the
+// file layer read(2) goes through first (the file position's lookup, the generic read's
+// checks), as nginx reads.
 func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
-	n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), 0, 0, 0)
 	return int(n), e
 }
 
-// sysWrite is one raw write(2) of p (not empty).
+// sysWrite is one raw send(2) of p (not empty): write(2)'s effect on a socket without the file
+// layer, and with MSG_NOSIGNAL: a write to a connection the peer reset fails with EPIPE and
+// raises no SIGPIPE for the runtime to field.
 func sysWrite(fd uintptr, p []byte) (int, syscall.Errno) {
-	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), syscall.MSG_NOSIGNAL, 0, 0)
 	return int(n), e
 }
 
