@@ -52,8 +52,23 @@ type conn struct {
 	req       *scope.Scope // the request's context: cancelled with ErrClientGone
 	aborting  atomic.Bool
 
-	idle atomic.Bool // between requests (Server.track): Shutdown closes it
+	state atomic.Int32 // connNew, connIdle or connBusy (Server.add, Server.track)
+	born  time.Time    // when it was accepted: a new one Shutdown spares for newConnGrace
 }
+
+// A connection's states, for Shutdown: one between requests is closed at once; a new one
+// (accepted, its first request not yet read) after newConnGrace; a busy one not.
+const (
+	connBusy int32 = iota
+	connIdle
+	connNew
+)
+
+// newConnGrace is how long Shutdown leaves a new connection to send its first request, as
+// net/http's server does: a client that just connected is sending it (a load balancer's
+// connection opened ahead of a request included), and closing the connection under it
+// loses that request, where a kept-alive connection's client knows the server may close it.
+const newConnGrace = 5 * time.Second
 
 func (c *conn) serve() {
 	s := c.srv
@@ -95,9 +110,11 @@ func (c *conn) serve() {
 		if _, err := c.br.Peek(1); err != nil {
 			return // closed, idle too long, or the server closed it
 		}
-		if !s.track(c, false) {
-			return
+		if !s.track(c, false) && !first {
+			return // the server is shutting down: it closed this idle connection, or would
 		}
+		// A new connection's first request is served even so (Shutdown spares it for
+		// newConnGrace): its answer says Connection: close.
 		c.rd.after(s.ReadHeaderTimeout)
 		ok, n, err := c.readHead()
 		switch {

@@ -142,15 +142,16 @@ func (s *Server) startFallback(addr net.Addr) {
 	}()
 }
 
-// add tracks the new connection c (idle until its first request); false once the server
-// is closed.
+// add tracks the new connection c (new until its first request); false once the server is
+// closed.
 func (s *Server) add(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed.Load() {
 		return false
 	}
-	c.idle.Store(true)
+	c.born = time.Now()
+	c.state.Store(connNew)
 	s.conns[c] = struct{}{}
 	s.connsMax = max(s.connsMax, len(s.conns))
 	return true
@@ -161,7 +162,11 @@ func (s *Server) add(c *conn) bool {
 // the load of closed, as stop's store comes before closeIdle's loads, so that either c sees
 // the server closed or closeIdle sees c idle.
 func (s *Server) track(c *conn, idle bool) bool {
-	c.idle.Store(idle)
+	if idle {
+		c.state.Store(connIdle)
+	} else {
+		c.state.Store(connBusy)
+	}
 	return !s.closed.Load()
 }
 
@@ -207,7 +212,8 @@ const minConnsShrink = 1024
 
 // Shutdown stops accepting, closes idle connections, lets the requests in flight end (their
 // connections close after their answers) and waits for them until ctx ends; the fallback
-// server shuts down the same way, in parallel.
+// server shuts down the same way, in parallel. A new connection (its first request not yet
+// read) has newConnGrace to send it, and it is served, as net/http's server does.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stop()
 	var fbErr error
@@ -266,14 +272,24 @@ func (s *Server) stop() {
 	})
 }
 
+// closeIdle closes the connections between requests, and the new ones that have sent no
+// request for newConnGrace.
 func (s *Server) closeIdle() {
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		if c.idle.Load() {
-			_ = c.nc.Close()
-			delete(s.conns, c)
+		switch c.state.Load() {
+		case connIdle:
+		case connNew:
+			if now.Sub(c.born) < newConnGrace {
+				continue
+			}
+		default:
+			continue
 		}
+		_ = c.nc.Close()
+		delete(s.conns, c)
 	}
 }
 

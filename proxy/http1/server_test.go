@@ -509,6 +509,60 @@ func TestShutdown(t *testing.T) {
 	}
 }
 
+// TestShutdownServesANewConnection: a connection accepted before Shutdown whose first request
+// comes after it is served (with Connection: close), not closed under the client: the
+// request may already be on its way. Shutdown waits for it.
+func TestShutdownServesANewConnection(t *testing.T) {
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	s := &Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "hello") }),
+		Fallback:          &http.Server{Protocols: &protos, ReadHeaderTimeout: time.Second},
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 1 {
+			break // accepted and tracked
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the connection was not accepted")
+		}
+	}
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	time.Sleep(120 * time.Millisecond) // Shutdown's first closeIdle and two more ticks
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+	b, err := io.ReadAll(c)
+	if err != nil || !bytes.HasPrefix(b, []byte("HTTP/1.1 200 OK\r\n")) || !bytes.Contains(b, []byte("Connection: close")) || !bytes.HasSuffix(b, []byte("hello")) {
+		t.Fatalf("a request on a new connection during Shutdown: %v\n%s", err, b)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Fatalf("Serve: %v", err)
+	}
+}
+
 // TestIdleTimeout: a kept-alive connection idle past IdleTimeout is closed.
 func TestIdleTimeout(t *testing.T) {
 	ts := startServer(t, nil, func(s *Server) { s.IdleTimeout = 50 * time.Millisecond })
@@ -729,8 +783,8 @@ func TestConnsMapShrinks(t *testing.T) {
 		t.Errorf("%d connections tracked, the map made for a peak of %d; want 10, and a peak of at most %d", len(s.conns), s.connsMax, 3000/8)
 	}
 	for i, c := range cs[:10] {
-		if _, ok := s.conns[c]; !ok || c.idle.Load() != (i%2 == 0) {
-			t.Errorf("connection %d: tracked %v, idle %v; want tracked, idle %v", i, ok, c.idle.Load(), i%2 == 0)
+		if _, ok := s.conns[c]; !ok || (c.state.Load() == connIdle) != (i%2 == 0) {
+			t.Errorf("connection %d: tracked %v, state %d; want tracked, idle %v", i, ok, c.state.Load(), i%2 == 0)
 		}
 	}
 }
@@ -805,8 +859,36 @@ func TestTrackAndCloseIdle(t *testing.T) {
 		}
 		cs, peers = append(cs, c), append(peers, b)
 	}
+	// Two new connections (no request read yet): one just accepted, one accepted longer
+	// than newConnGrace ago.
+	fresh, stale := &conn{}, &conn{}
+	var freshPeer, stalePeer net.Conn
+	for _, n := range []struct {
+		c    *conn
+		peer *net.Conn
+	}{{fresh, &freshPeer}, {stale, &stalePeer}} {
+		a, b := net.Pipe()
+		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+		n.c.nc, *n.peer = a, b
+		if !s.add(n.c) {
+			t.Fatal("refused on an open server")
+		}
+	}
+	stale.born = time.Now().Add(-newConnGrace - time.Second)
 	s.stop()
 	s.closeIdle()
+	for name, n := range map[string]struct {
+		c      *conn
+		peer   net.Conn
+		closed bool
+	}{"new": {fresh, freshPeer, false}, "new for longer than the grace": {stale, stalePeer, true}} {
+		_ = n.peer.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := n.peer.Read(make([]byte, 1))
+		_, tracked := s.conns[n.c]
+		if closed := errors.Is(err, io.EOF); closed != n.closed || tracked == n.closed {
+			t.Errorf("%s connection: closed %v (%v), still tracked %v; want closed %v", name, closed, err, tracked, n.closed)
+		}
+	}
 	for i, c := range cs {
 		_ = peers[i].SetReadDeadline(time.Now().Add(200 * time.Millisecond)) // an open pipe times out
 		_, err := peers[i].Read(make([]byte, 1))
