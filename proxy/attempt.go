@@ -386,7 +386,7 @@ func (h *Handler) outbound(ctx context.Context, ex *exchange, cand policy.Candid
 		u.Path = strings.TrimSuffix(u.Path, "/") + r.URL.Path
 		u.RawPath = raw
 	}
-	u.RawQuery = r.URL.RawQuery
+	u.RawQuery, u.ForceQuery = r.URL.RawQuery, r.URL.ForceQuery
 
 	out := (&http.Request{
 		Method:     r.Method,

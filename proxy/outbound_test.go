@@ -67,6 +67,9 @@ func TestOutbound(t *testing.T) {
 		{"http://up:8000/", "/v1/models/caf%C3%A9?q=a%20b", "http://up:8000/v1/models/caf%C3%A9?q=a%20b"},
 		{"http://up:8000/", "/v1/models/a%2fb", "http://up:8000/v1/models/a%2fb"},
 		{"http://up:8000/base", "/v1/models/a%20b", "http://up:8000/base/v1/models/a%20b"},
+		// A bare "?" (an empty query) is the client's to send, as net/http's reverse proxy does.
+		{"http://up:8000", "/v1/models?", "http://up:8000/v1/models?"},
+		{"http://up:8000/base/", "/v1/models/org%2Fname?", "http://up:8000/base/v1/models/org%2Fname?"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.endpoint+tt.target, func(t *testing.T) {
