@@ -12,6 +12,7 @@
 package alarm
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +65,7 @@ type Alarm struct {
 	f      func()
 	fr     Firer        // runs in f's place when set
 	when   atomic.Int64 // the deadline (since the wheel's base); 0 while not armed
-	listed bool         // in w.list; guarded by w.mu
+	listed atomic.Bool  // in w.list; written under w.mu, read by reset without it
 }
 
 // After arms an alarm that runs f in its own goroutine d from now.
@@ -118,10 +119,17 @@ func (a *Alarm) reset(now int64, d time.Duration) bool {
 	if old == 0 {
 		w.armed.Add(1)
 	}
-	// Armed already, and the wheel's timer fires no later than a grain after the new
-	// deadline: nothing to do. Otherwise the wheel must list it or fire earlier, or is
+	// Listed (armed already, or stopped since the last sweep), and the wheel's timer fires
+	// no later than a grain after the new deadline: nothing to do, without the wheel's lock
+	// (every request arms a few alarms the last request stopped; under a backlog a lock
+	// taken for each is a convoy). Otherwise the wheel must list it or fire earlier, or is
 	// sweeping (next is 0 from the sweep's start: it may have read the old deadline).
-	if next := w.next.Load(); old == 0 || next == 0 || next > when+w.grain {
+	//
+	// The deadline is stored before next and listed are loaded, and a sweep stores next 0
+	// before it reads deadlines and marks an alarm unlisted before it reads its deadline
+	// again (sweep): either the sweep sees this deadline, or this sees the wheel sweeping or
+	// the alarm unlisted and takes the lock.
+	if next := w.next.Load(); next == 0 || next > when+w.grain || (old == 0 && !a.listed.Load()) {
 		w.arm(a)
 	}
 	return old != 0
@@ -149,11 +157,11 @@ func (a *Alarm) Stop() bool {
 func (w *Wheel) arm(a *Alarm) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !a.listed {
+	if !a.listed.Load() {
 		if len(w.list) >= w.compactAt {
 			w.compact()
 		}
-		a.listed = true
+		a.listed.Store(true)
 		w.list = append(w.list, a)
 		w.listed.Store(int64(len(w.list)))
 	}
@@ -180,15 +188,20 @@ func (w *Wheel) sweep(now int64) (earliest int64) {
 		if when != 0 && when <= now {
 			if a.when.CompareAndSwap(when, 0) {
 				w.armed.Add(-1)
-				a.listed = false
+				a.listed.Store(false)
 				w.due = append(w.due, a)
 				continue
 			}
 			when = a.when.Load() // moved or stopped meanwhile
 		}
 		if when == 0 {
-			a.listed = false
-			continue
+			// Stopped: unlisted, unless a reset that saw it listed (and so did not lock)
+			// armed it meanwhile, which the second read sees.
+			a.listed.Store(false)
+			if when = a.when.Load(); when == 0 {
+				continue
+			}
+			a.listed.Store(true)
 		}
 		keep = append(keep, a)
 		if earliest == 0 || when < earliest {
@@ -219,18 +232,22 @@ func (w *Wheel) schedule(when int64) {
 // deadline left, if any.
 func (w *Wheel) fire() {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.next.Store(0) // an alarm moved from now on takes the lock, after this sweep
 	if earliest := w.sweep(w.now()); earliest != 0 {
 		w.schedule(earliest)
 	}
-	for _, a := range w.due {
+	var due []*Alarm
+	if len(w.due) > 0 {
+		due = slices.Clone(w.due) // started outside the lock: arming waits for no goroutine start
+		clear(w.due)
+		w.due = w.due[:0]
+	}
+	w.mu.Unlock()
+	for _, a := range due {
 		if a.fr != nil {
 			go a.fr.Fire()
 		} else {
 			go a.f()
 		}
 	}
-	clear(w.due)
-	w.due = w.due[:0]
 }

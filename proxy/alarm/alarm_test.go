@@ -181,6 +181,39 @@ func TestStoppedAlarmsLetGo(t *testing.T) {
 	}
 }
 
+// TestRearmListedTakesNoLock: an alarm stopped since the last sweep (still listed) and armed
+// again for a deadline the wheel's timer is early enough for takes no lock: requests re-arm
+// the alarms the last ones stopped, and under a backlog a lock for each is a convoy.
+func TestRearmListedTakesNoLock(t *testing.T) {
+	w := New(5 * time.Millisecond)
+	far := w.After(time.Hour, func() {}) // the wheel's timer an hour away
+	defer far.Stop()
+	r := newRan()
+	a := w.After(time.Hour, r.f)
+	a.Stop()
+	w.mu.Lock()
+	done := make(chan bool)
+	go func() {
+		ok := !a.Reset(2 * time.Hour) // was stopped
+		ok = a.Stop() && ok
+		done <- !a.Reset(2*time.Hour) && ok
+	}()
+	select {
+	case ok := <-done:
+		w.mu.Unlock()
+		if !ok {
+			t.Fatal("Reset or Stop reported the wrong state")
+		}
+	case <-time.After(2 * time.Second):
+		w.mu.Unlock()
+		<-done
+		t.Fatal("re-arming a listed alarm waited for the wheel's lock")
+	}
+	// Still armed, and run when due: moved earlier, it takes the lock and moves the timer.
+	a.Reset(time.Millisecond)
+	r.wait(t, 5*time.Second)
+}
+
 // Many goroutines moving, stopping and re-arming their alarms while the wheel sweeps: every
 // alarm armed last runs, once, and none runs while stopped.
 func TestConcurrentUse(t *testing.T) {
