@@ -10,14 +10,17 @@
 //   - every Every (every Idle while one processor is idle) it reads the process's CPU time
 //     (getrusage: user and system, every thread) and divides what it grew by the time that
 //     passed: the processors' use in that sample; on one processor, when the requests in
-//     flight reach a multiple of 16 (Begin), it also takes a sample of Probe from then on;
+//     flight reach a multiple of 16, and at the first request after an idle sample (Begin),
+//     it also takes a sample of Probe from then on;
 //   - on one processor, requests in flight that grew by Jump or more since the last sample
 //     (Begin: a burst of arrivals, not a level of long streams) count as a sample with the
 //     processor saturated, at once: the burst's first requests are not served on one
 //     processor while a sample is taken;
 //   - it raises the processors at once when one sample's use exceeds Burst of those there are
-//     (a burst: they are nearly all busy) or the mean of the last Short samples exceeds Up of
-//     them, to enough for that use at Up each, at least one more;
+//     (a burst: they are nearly all busy), the mean of the last Short samples exceeds Up of
+//     them, or, on one processor, a sample right after an idle one (under 5%) exceeds Up (a
+//     load that came at once after a quiet time), to enough for that use at Up each, at least
+//     one more;
 //   - it lowers them when the mean use over the last Window samples fits in fewer at Down
 //     each (Down below Up: a fewer-processor gateway costs less, and the two must not take
 //     turns), to that fewer.
@@ -76,7 +79,11 @@ type Decider struct {
 	ring    []float64 // the last Window samples since the last change, oldest overwritten
 	n       int       // samples in ring
 	next    int       // where the next sample goes
+	last    float64   // the last sample's use, whatever the processors then
 }
+
+// idleUse is the use under which a sample finds the gateway idle.
+const idleUse = 0.05
 
 // NewDecider starts at procs processors with ceiling as the most.
 func NewDecider(p Params, procs, ceiling int) *Decider {
@@ -106,9 +113,16 @@ func (d *Decider) Observe(use float64) (procs int, changed bool) {
 	d.next = (d.next + 1) % len(d.ring)
 	d.n = min(d.n+1, len(d.ring))
 	p := float64(d.procs)
-	// The short mean only once it has its samples: one sample alone rises only as a burst, so
-	// that a load near the fall threshold does not take turns.
-	if d.procs < d.ceiling && (use > d.p.Burst*p || (d.n >= d.p.Short && d.mean(d.p.Short) > d.p.Up*p)) {
+	// A load that came at once after an idle sample rises with its first sample over Up, as
+	// the short mean of such samples would: one processor is then what the load shares the
+	// machine with its clients and model server on, while the gateway's heap and pools are
+	// at their smallest, and a backlog grown then feeds itself (more connections, more
+	// memory, more collections). Otherwise the short mean only once it has its samples: one
+	// sample alone rises only as a burst, so that a load near the fall threshold does not
+	// take turns.
+	onset := d.procs == 1 && d.last < idleUse && use > d.p.Up
+	d.last = use
+	if d.procs < d.ceiling && (use > d.p.Burst*p || onset || (d.n >= d.p.Short && d.mean(d.p.Short) > d.p.Up*p)) {
 		want := int(math.Ceil(max(use, d.mean(d.p.Short)) / d.p.Up))
 		return d.set(min(d.ceiling, max(d.procs+1, want)))
 	}
@@ -188,6 +202,7 @@ func (c *Controller) run(ctx context.Context, start int) {
 	lastAt := time.Now()
 	single.Store(start == 1)
 	defer single.Store(false)
+	defer quiet.Store(false)
 	probing := false
 	sampled := inflight.Load() // requests in flight at the last sample
 	for {
@@ -201,6 +216,7 @@ func (c *Controller) run(ctx context.Context, start int) {
 				// a probe would take to say so: rise as a saturated sample would.
 				c.apply(d, float64(d.Procs()), "requests_in_flight", n)
 				sampled, probing, lastAt = n, false, time.Now()
+				quiet.Store(false)
 				if last, ok = c.cpu(); !ok {
 					return
 				}
@@ -211,10 +227,12 @@ func (c *Controller) run(ctx context.Context, start int) {
 			// whether it is saturated (a burst), instead of the next regular one (up to
 			// Idle away). Kicks during a probe, and within Every of a sample, are ignored:
 			// no more samples than the regular ones under a steady load.
-			if probing || d.Procs() != 1 || c.p.Probe <= 0 || time.Since(lastAt) < c.p.Every {
+			// A kick while quiet (the first request after an idle sample) starts one at once.
+			if probing || d.Procs() != 1 || c.p.Probe <= 0 || (!quiet.Load() && time.Since(lastAt) < c.p.Every) {
 				continue
 			}
 			if cpu, ok := c.cpu(); ok {
+				quiet.Store(false)
 				last, lastAt, probing = cpu, time.Now(), true
 				if !t.Stop() {
 					select {
@@ -237,9 +255,11 @@ func (c *Controller) run(ctx context.Context, start int) {
 			last, lastAt, sampled = cpu, now, inflight.Load()
 			c.apply(d, use, "cpu_use", math.Round(use*100)/100)
 			next := c.p.Every
-			if d.Procs() == 1 && use < 0.05 && c.p.Idle > next {
+			q := d.Procs() == 1 && use < idleUse && c.p.Idle > next
+			if q {
 				next = c.p.Idle // an idle gateway wakes 4 times a second, not 20
 			}
+			quiet.Store(q)
 			t.Reset(next)
 		}
 	}
@@ -272,15 +292,19 @@ const kickEvery = 16
 var (
 	inflight atomic.Int64
 	single   atomic.Bool // a Controller runs, on one processor
+	quiet    atomic.Bool // and its last sample found it idle: it samples every Idle
 	kick     = make(chan struct{}, 1)
 )
 
 // Begin counts a request starting and End one finished. While a Controller runs one
-// processor, each time the requests in flight reach a multiple of 16 it takes a short sample
-// (Probe) at once, so that a burst gets its processors within milliseconds rather than at the
-// next regular sample. Cheap: one atomic add (and a load) a call.
+// processor, each time the requests in flight reach a multiple of 16, and at the first
+// request after a sample that found the gateway idle, it takes a short sample (Probe) at
+// once, so that a burst gets its processors within milliseconds rather than at the next
+// regular sample (up to Idle away: a load that comes at once after a quiet time, at a rate
+// one processor cannot serve, need not pile up requests in flight before the sample).
+// Cheap: one atomic add and one or two loads a call.
 func Begin() {
-	if n := inflight.Add(1); n%kickEvery == 0 && single.Load() {
+	if n := inflight.Add(1); n%kickEvery == 0 && single.Load() || quiet.Load() {
 		select {
 		case kick <- struct{}{}:
 		default:

@@ -44,6 +44,10 @@ func TestDecider(t *testing.T) {
 		{"a start above the ceiling is the ceiling", 4, 2, []steps{{1.5, 1}}, []int{2}, 0},
 		{"a noisy load near the fall threshold does not take turns", 2, 2,
 			[]steps{{0.3, 40}, {0.65, 1}, {0.25, 1}, {0.65, 1}, {0.25, 1}}, []int{1, 1, 1, 1, 1}, 1},
+		{"a load after an idle sample rises with its first sample over Up", 1, 2,
+			[]steps{{0.01, 10}, {0.65, 1}}, []int{1, 2}, 1},
+		{"a light load after an idle sample stays on one", 1, 2,
+			[]steps{{0.01, 10}, {0.5, 1}, {0.01, 1}, {0.55, 3}}, []int{1, 1, 1, 1}, 0},
 		{"the short mean over a wrapped ring", 2, 2,
 			[]steps{{0.1, 40}, {0.1, 45}, {0.65, 3}, {0.65, 1}}, []int{1, 1, 1, 2}, 2},
 	} {
@@ -271,6 +275,32 @@ func TestBurstProbe(t *testing.T) {
 	}
 	if n := inflight.Load(); n != 0 {
 		t.Fatalf("%d requests in flight after as many Ends as Begins", n)
+	}
+}
+
+// TestBurstFromQuiet: on one processor, sampling every Idle after an idle sample, the first
+// request starts a short sample at once: a load that came all at once rises within a probe,
+// not at the next regular sample (an hour away here), and without requests piling up first.
+func TestBurstFromQuiet(t *testing.T) {
+	f := &fakeRuntime{procs: 2, ceiling: 2}
+	p := Params{Every: 2 * time.Millisecond, Idle: time.Hour, Probe: 2 * time.Millisecond,
+		Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 3}
+	release := acquire(nil, p, f, f.clock, false)
+	defer release()
+	waitProcs(t, f, 1) // idle: one processor, then a sample an hour away
+	deadline := time.Now().Add(5 * time.Second)
+	for !quiet.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the Controller on one processor with no load is not quiet after 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	f.setLoad(1.5)
+	Begin() // one request: no multiple of 16 in flight
+	defer End()
+	waitProcs(t, f, 2)
+	if quiet.Load() {
+		t.Error("quiet on two processors")
 	}
 }
 
