@@ -55,6 +55,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	procs.Begin() // a burst on one processor gets its processors within milliseconds
 	defer procs.End()
+	if f := h.srv.heapFloor; f != nil {
+		f.request() // and a load after a quiet time its heap floor
+	}
 	ex := newExchange(w, r, c.Timeouts.Write.D())
 	defer ex.release(&h.srv.buffers)
 	if d := c.Timeouts.Body.D(); d > 0 && r.Body != nil && r.Body != http.NoBody && !arrived(r.Body) {

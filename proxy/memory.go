@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicegw/sluice/proxy/heapfloor"
@@ -58,13 +59,44 @@ const (
 // pages that were returned to the OS, so that its resident memory creeps up by the floor
 // over the minutes after a load. The memory loop drops the floor once it sees the gateway
 // quiet (the samples that make a load's end, quietSamples under quietAlloc) and holds it
-// again at the first sample that is not.
+// again at the first sample that is not, or sooner when requests come at a load's rate
+// (request).
 type busyFloor struct {
 	bytes uint64
+
+	dropped atomic.Bool  // the floor is let go: request watches the rate of requests
+	seen    atomic.Int64 // requests since it was let go
+	mark    atomic.Int64 // when the last floorRearm of them ended (since floorEpoch)
 
 	mu      sync.Mutex
 	release func() // heapfloor.Hold's, nil while dropped
 	closed  bool
+}
+
+// floorRearm requests within floorRearmWithin (640 a second or more) while the floor is let
+// go hold it again at once.
+const (
+	floorRearm       = 32
+	floorRearmWithin = 50 * time.Millisecond
+)
+
+// floorEpoch is the origin of busyFloor.mark (a monotonic clock reading).
+var floorEpoch = time.Now()
+
+// request counts a request. While the floor is let go, floorRearm requests in a row within
+// floorRearmWithin hold it again at once rather than at the memory loop's next sample (up to
+// a second away): a load that comes after a quiet time would start on the runtime's own
+// 4 MiB heap goal, collecting every few milliseconds with every request assisting the
+// collector while its connections and pools are made again, and a backlog grown then feeds
+// itself. One atomic load a request while the floor is held.
+func (f *busyFloor) request() {
+	if !f.dropped.Load() || f.seen.Add(1)%floorRearm != 0 {
+		return
+	}
+	now := int64(time.Since(floorEpoch))
+	if prev := f.mark.Swap(now); now-prev < int64(floorRearmWithin) {
+		f.hold()
+	}
 }
 
 // hold holds the floor unless it is held or closed.
@@ -73,6 +105,7 @@ func (f *busyFloor) hold() {
 	defer f.mu.Unlock()
 	if f.release == nil && !f.closed {
 		f.release = heapfloor.Hold(f.bytes)
+		f.dropped.Store(false)
 	}
 }
 
@@ -87,6 +120,9 @@ func (f *busyFloor) dropLocked() {
 	if f.release != nil {
 		f.release()
 		f.release = nil
+		f.seen.Store(0)
+		f.mark.Store(int64(time.Since(floorEpoch)))
+		f.dropped.Store(!f.closed)
 	}
 }
 

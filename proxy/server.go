@@ -444,6 +444,9 @@ func (s *Server) Start() error {
 			WatchAfter: watchAfter, Log: s.log,
 		}
 	}
+	// Before the listeners serve: their requests feed it (busyFloor.request).
+	s.heapFloor = &busyFloor{bytes: uint64(c.HeapFloor)}
+	s.heapFloor.hold()
 
 	s.wg.Add(2)
 	go func() {
@@ -476,8 +479,6 @@ func (s *Server) Start() error {
 	s.shadow.sync(nil, &st, func() { s.state.Store(&st) })
 	s.started.Store(true) // under reloadMu: every generation applied from now on mirrors
 	s.reloadMu.Unlock()
-	s.heapFloor = &busyFloor{bytes: uint64(c.HeapFloor)}
-	s.heapFloor.hold()
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()

@@ -555,6 +555,51 @@ func TestBusyFloor(t *testing.T) {
 	}
 }
 
+// TestBusyFloorRequests: while the floor is let go, requests at a load's rate (floorRearm
+// within floorRearmWithin) hold it again at once; slower ones do not (the memory loop's
+// samples decide for them); a held or closed floor is left as it is.
+func TestBusyFloorRequests(t *testing.T) {
+	if os.Getenv("GOGC") != "" {
+		t.Skip("GOGC is set: heapfloor holds nothing")
+	}
+	base := heapfloor.Held()
+	held := func() int { return heapfloor.Held() - base }
+	f := &busyFloor{bytes: 32 << 20}
+	defer f.close()
+	f.hold()
+	for range 10 * floorRearm {
+		f.request() // held: nothing to do
+	}
+	if held() != 1 {
+		t.Fatalf("%d floors held after requests on a held floor, want 1", held())
+	}
+	f.drop()
+	// A trickle: each floorRearm requests more than floorRearmWithin after the last ones.
+	for range 5 {
+		f.mark.Store(int64(time.Since(floorEpoch) - 2*floorRearmWithin))
+		for range floorRearm {
+			f.request()
+		}
+		if held() != 0 {
+			t.Fatalf("%d floors held after a trickle of requests, want 0", held())
+		}
+	}
+	// A load: floorRearm requests at once.
+	for range floorRearm {
+		f.request()
+	}
+	if held() != 1 || f.dropped.Load() {
+		t.Fatalf("%d floors held after a burst of requests (dropped %v), want 1", held(), f.dropped.Load())
+	}
+	f.close()
+	for range 4 * floorRearm {
+		f.request()
+	}
+	if held() != 0 {
+		t.Fatalf("%d floors held after requests on a closed floor, want 0", held())
+	}
+}
+
 // readMem samples the runtime's memory, as the memory loop does.
 func readMem() memSample { return newMemReader().read() }
 
