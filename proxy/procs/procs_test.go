@@ -249,16 +249,33 @@ func TestProcessCPU(t *testing.T) {
 	}
 }
 
-// TestBurstProbe: on one processor with regular samples far apart, requests piling up
-// (Begin) make the Controller take a short sample at once and rise within it.
-func TestBurstProbe(t *testing.T) {
+// quietOnOne starts a Controller on a fake runtime of two processors with no load and
+// waits until it runs one and is quiet: its last sample found it idle, the next is an hour
+// away (Idle), and only Begin's kicks start a sample sooner (a Probe of 2 ms).
+func quietOnOne(t *testing.T) *fakeRuntime {
+	t.Helper()
 	f := &fakeRuntime{procs: 2, ceiling: 2}
 	p := Params{Every: 2 * time.Millisecond, Idle: time.Hour, Probe: 2 * time.Millisecond,
 		Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 3}
-	release := acquire(nil, p, f, f.clock, false)
-	defer release()
-	waitProcs(t, f, 1) // idle: one processor, then a sample an hour away
-	time.Sleep(20 * time.Millisecond)
+	t.Cleanup(acquire(nil, p, f, f.clock, false))
+	waitProcs(t, f, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for !quiet.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the Controller on one processor with no load is not quiet after 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return f
+}
+
+// TestBurstProbe: on one processor with regular samples far apart, requests piling up
+// (Begin) make the Controller take a short sample at once and rise within it.
+func TestBurstProbe(t *testing.T) {
+	f := quietOnOne(t)
+	// Not quiet from here: the first request would start a probe (TestBurstFromQuiet), and
+	// this one is about requests piling up. The next regular sample is an hour away.
+	quiet.Store(false)
 	f.setLoad(1.5)
 	deadline := time.Now().Add(5 * time.Second)
 	for f.Current() != 2 {
@@ -282,19 +299,7 @@ func TestBurstProbe(t *testing.T) {
 // request starts a short sample at once: a load that came all at once rises within a probe,
 // not at the next regular sample (an hour away here), and without requests piling up first.
 func TestBurstFromQuiet(t *testing.T) {
-	f := &fakeRuntime{procs: 2, ceiling: 2}
-	p := Params{Every: 2 * time.Millisecond, Idle: time.Hour, Probe: 2 * time.Millisecond,
-		Burst: 0.75, Up: 0.4, Down: 1.0 / 3, Short: 4, Window: 3}
-	release := acquire(nil, p, f, f.clock, false)
-	defer release()
-	waitProcs(t, f, 1) // idle: one processor, then a sample an hour away
-	deadline := time.Now().Add(5 * time.Second)
-	for !quiet.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("the Controller on one processor with no load is not quiet after 5 s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	f := quietOnOne(t)
 	f.setLoad(1.5)
 	Begin() // one request: no multiple of 16 in flight
 	defer End()
