@@ -26,13 +26,8 @@ if [ $# -lt 1 ]; then
 fi
 for b in "$@"; do [ -x "$b" ] || { echo "bursts.sh: $b is not executable" >&2; exit 2; }; done
 cd "$(dirname "$0")/../.."
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+. test/bench/lib.sh
+bench_init
 go build -o "$tmp/bursts" ./test/bench/bursts
 port=${BURSTS_PORT:-22001}
 sim=127.0.0.1:$port

@@ -33,30 +33,9 @@ builds=("$1" "$2")
 port=${PAIR_PORT:-21001}
 gw=127.0.0.1:$port admin=127.0.0.1:$((port + 1)) sim=127.0.0.1:$((port + 2))
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-GOBIN=$tmp go install github.com/tsenart/vegeta/v12@v12.13.0
-vegeta=$tmp/vegeta
-echo "POST http://$gw/v1/chat/completions" >"$tmp/targets"
-printf '%s' '{"model":"sim-llama","messages":[{"role":"user","content":"Write one line about the sea."}],"max_tokens":16}' >"$tmp/body"
-attack() { # seconds, output
-	"$vegeta" attack -targets "$tmp/targets" -body "$tmp/body" -header "Content-Type: application/json" \
-		-rate "$rate" -duration "${1}s" >"$2"
-}
-wait_up() { # url
-	for _ in $(seq 100); do
-		if (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; then return 0; fi
-		sleep 0.1
-	done
-	echo "pair.sh: nothing listens on $1" >&2
-	exit 1
-}
+. "$(dirname "$0")/lib.sh"
+bench_init
+bench_vegeta "$gw"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 sticks() { awk '{print $15}' "/proc/$1/stat"; }
 perf_ok=false
