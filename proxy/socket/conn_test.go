@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // pair is a connected loopback TCP pair.
@@ -436,6 +437,13 @@ func BenchmarkIdleCalls(b *testing.B) {
 			}
 		}
 	})
+	b.Run("read(2)-nothing", func(b *testing.B) { // what sysRead was: the file layer first
+		for b.Loop() {
+			if _, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf))); e != syscall.EAGAIN {
+				b.Fatalf("read on an idle socket: %v, want EAGAIN", e)
+			}
+		}
+	})
 	b.Run("peek", func(b *testing.B) {
 		for b.Loop() {
 			if !Idle(c) {
@@ -443,4 +451,50 @@ func BenchmarkIdleCalls(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkWriteRead is a loopback write of 400 bytes (an answer's size) and its read on the
+// other side: sysWrite and sysRead (send and recv), against write(2) and read(2).
+func BenchmarkWriteRead(b *testing.B) {
+	client, server := pair(b)
+	fdOf := func(c *net.TCPConn) uintptr {
+		var fd uintptr
+		rc, err := c.SyscallConn()
+		if err == nil {
+			err = rc.Control(func(f uintptr) { fd = f })
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		return fd
+	}
+	w, r := fdOf(client), fdOf(server)
+	msg, buf := make([]byte, 400), make([]byte, 4096)
+	raw := func(call, fd uintptr, p []byte) (int, syscall.Errno) {
+		n, _, e := syscall.RawSyscall(call, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		return int(n), e
+	}
+	for _, tc := range []struct {
+		name        string
+		write, read func(uintptr, []byte) (int, syscall.Errno)
+	}{
+		{"send+recv", sysWrite, sysRead},
+		{"write(2)+read(2)", func(fd uintptr, p []byte) (int, syscall.Errno) { return raw(syscall.SYS_WRITE, fd, p) },
+			func(fd uintptr, p []byte) (int, syscall.Errno) { return raw(syscall.SYS_READ, fd, p) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				if n, e := tc.write(w, msg); e != 0 || n != len(msg) {
+					b.Fatalf("write: %d, %v", n, e)
+				}
+				for got := 0; got < len(msg); { // the loopback delivers it before the write returns
+					n, e := tc.read(r, buf)
+					if e != 0 {
+						b.Fatalf("read: %v", e)
+					}
+					got += n
+				}
+			}
+		})
+	}
 }
