@@ -433,12 +433,18 @@ func (t *h1) put(c *h1Conn) {
 	_ = c.c.SetDeadline(time.Time{})
 	c.used = time.Now()
 	c.release()
+	if !t.keep(c) {
+		_ = c.c.Close() // a system call: outside the pool's lock, as in get
+	}
+}
+
+// keep lists c as idle, unless the pool is closed or holds maxIdle for its host already.
+func (t *h1) keep(c *h1Conn) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p := t.idle[c.host]
 	if t.closed || (p != nil && len(p.l) >= t.maxIdle) {
-		_ = c.c.Close()
-		return
+		return false
 	}
 	if p == nil {
 		p = new(idleConns)
@@ -448,6 +454,7 @@ func (t *h1) put(c *h1Conn) {
 	if t.sweeping == nil {
 		t.sweeping = time.AfterFunc(t.idleTimeout, t.sweep)
 	}
+	return true
 }
 
 // sweep closes the idle connections past idleTimeout. get takes the most recently used, so
