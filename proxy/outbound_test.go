@@ -73,21 +73,12 @@ func TestOutbound(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.endpoint+tt.target, func(t *testing.T) {
-			srv := newTestServer(t, tt.endpoint)
-			h := &Handler{srv: srv}
 			r := httptest.NewRequest(http.MethodGet, tt.target, nil)
 			r.Header.Set("Connection", "X-Hop")
 			r.Header.Set("X-Hop", "1")
 			r.Header.Set("Authorization", "Bearer client")
 			r.Header.Set("X-Forwarded-For", "10.0.0.1")
-			ex := newExchange(httptest.NewRecorder(), r, 0)
-			ex.preq = &policy.Request{Request: &openai.Request{Kind: openai.KindModels}}
-			cl := srv.state.Load().clusters["main"]
-			var res result
-			out, err := h.outbound(context.Background(), ex, policy.Candidate{Cluster: "main"}, cl, cl.Endpoints()[0], new(attemptScope), &res)
-			if err != nil {
-				t.Fatal(err)
-			}
+			out, ex := outboundOf(t, tt.endpoint, r)
 			if got := out.URL.String(); got != tt.want {
 				t.Errorf("upstream URL %s, want %s", got, tt.want)
 			}
@@ -192,11 +183,21 @@ func TestOutboundAllocs(t *testing.T) {
 // which added its own X-Forwarded-For line, goes upstream with every hop, in order, and its
 // client's address last (as net/http's ReverseProxy joins them).
 func TestOutboundForwardedForLines(t *testing.T) {
-	srv := newTestServer(t, "http://up:8000")
-	h := &Handler{srv: srv}
 	r := httptest.NewRequest(http.MethodGet, "/v1/models", nil)
 	r.Header.Add("X-Forwarded-For", "203.0.113.7")
 	r.Header.Add("X-Forwarded-For", "10.0.0.1, 10.0.0.2")
+	out, _ := outboundOf(t, "http://up:8000", r)
+	if got, want := out.Header.Values("X-Forwarded-For"), []string{"203.0.113.7, 10.0.0.1, 10.0.0.2, 192.0.2.1"}; !slices.Equal(got, want) {
+		t.Errorf("X-Forwarded-For %q, want %q", got, want)
+	}
+}
+
+// outboundOf is the upstream request a gateway with one endpoint builds for the models
+// request r, and r's exchange.
+func outboundOf(t *testing.T, endpoint string, r *http.Request) (*http.Request, *exchange) {
+	t.Helper()
+	srv := newTestServer(t, endpoint)
+	h := &Handler{srv: srv}
 	ex := newExchange(httptest.NewRecorder(), r, 0)
 	ex.preq = &policy.Request{Request: &openai.Request{Kind: openai.KindModels}}
 	cl := srv.state.Load().clusters["main"]
@@ -205,7 +206,5 @@ func TestOutboundForwardedForLines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := out.Header.Values("X-Forwarded-For"), []string{"203.0.113.7, 10.0.0.1, 10.0.0.2, 192.0.2.1"}; !slices.Equal(got, want) {
-		t.Errorf("X-Forwarded-For %q, want %q", got, want)
-	}
+	return out, ex
 }
